@@ -1,0 +1,220 @@
+//! The `ppl` command line. Parsing happens in two phases, as in ripgrep: clap turns argv
+//! into raw [`EvalArgs`], then [`EvalArgs::resolve`] applies defaults and produces the
+//! validated [`EvalConfig`] the pipeline runs.
+
+mod bench;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+
+use crate::data::Method;
+use crate::model::{fetch, GgufFile, Precision};
+use crate::pipeline::{self, EvalConfig};
+use crate::report::progress::ProgressMode;
+use crate::tokenize::Tokenizer;
+
+#[derive(Debug, Parser)]
+#[command(name = "ppl", version, about = "Exact, fast perplexity evaluation of LLMs")]
+pub struct Cli {
+    /// Log level for diagnostics on stderr (error, warn, info, debug, trace).
+    #[arg(long, global = true, default_value = "warn")]
+    log: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Evaluate the perplexity of a GGUF model on a text file.
+    Eval(EvalArgs),
+    /// Print the token ids of a text, as llama.cpp would produce them.
+    Tokenize(TokenizeArgs),
+    /// Download the reference test model (SmolLM2-135M-Instruct Q4_1) and print its path.
+    FetchModel(FetchArgs),
+    /// Measure tokens/s and peak RSS on the reference workload.
+    Bench(bench::BenchArgs),
+}
+
+#[derive(Debug, Args, Clone)]
+pub struct EvalArgs {
+    /// GGUF model file.
+    #[arg(short, long)]
+    model: PathBuf,
+    /// UTF-8 text file to evaluate on.
+    #[arg(short = 'f', long)]
+    data: PathBuf,
+    /// How the text is cut into windows.
+    #[arg(long, value_enum, default_value_t = Method::Chunks)]
+    method: Method,
+    /// Window length in tokens.
+    #[arg(short, long, default_value_t = 512)]
+    ctx: usize,
+    /// Step between window starts for --method stride [default: ctx/2].
+    #[arg(long)]
+    stride: Option<usize>,
+    /// Score at most N windows (chunks, stride) or N documents (rolling).
+    #[arg(long)]
+    chunks: Option<usize>,
+    /// Use only the first N tokens of the text (chunks, stride).
+    #[arg(long)]
+    max_tokens: Option<usize>,
+    /// Windows per forward pass.
+    #[arg(short, long, default_value_t = 1)]
+    batch_size: usize,
+    /// Compute threads [default: all cores].
+    #[arg(short, long)]
+    threads: Option<usize>,
+    /// native: quantized weights as stored; f32: weights dequantized to f32.
+    #[arg(long, value_enum, default_value_t = Precision::Native)]
+    precision: Precision,
+    /// Seed of the bootstrap resampling.
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Bootstrap replicates for the 95% confidence interval.
+    #[arg(long, default_value_t = 1000)]
+    bootstrap_samples: usize,
+    /// Print llama.cpp-style running values [1]…,[2]… on stdout.
+    #[arg(long)]
+    print_chunks: bool,
+    /// Write results as JSON to this file (written only when the run completes).
+    #[arg(short, long)]
+    output: Option<PathBuf>,
+    /// Progress display on stderr.
+    #[arg(long, value_enum, default_value_t = ProgressMode::Auto)]
+    progress: ProgressMode,
+    /// No progress and no summary (the JSON file still gets written).
+    #[arg(short, long)]
+    quiet: bool,
+}
+
+impl EvalArgs {
+    /// Phase two: defaults and argument-level checks.
+    pub fn resolve(&self) -> anyhow::Result<EvalConfig> {
+        let threads = match self.threads {
+            Some(0) => anyhow::bail!("--threads must be at least 1"),
+            Some(n) => n,
+            None => default_threads(),
+        };
+        let stride = match (self.method, self.stride) {
+            (Method::Stride, Some(s)) => s,
+            (Method::Stride, None) => (self.ctx / 2).max(1),
+            (_, Some(_)) => anyhow::bail!("--stride applies only to --method stride"),
+            (_, None) => 0,
+        };
+        if self.max_tokens.is_some() && self.method == Method::Rolling {
+            anyhow::bail!("--max-tokens applies to --method chunks and stride; use --chunks to limit documents");
+        }
+        Ok(EvalConfig {
+            model: self.model.clone(),
+            data: self.data.clone(),
+            method: self.method,
+            ctx: self.ctx,
+            stride,
+            chunks: self.chunks,
+            max_tokens: self.max_tokens,
+            batch_size: self.batch_size,
+            threads,
+            precision: self.precision,
+            seed: self.seed,
+            bootstrap_samples: self.bootstrap_samples,
+        })
+    }
+}
+
+#[derive(Debug, Args)]
+struct TokenizeArgs {
+    /// GGUF model file whose tokenizer to use.
+    #[arg(short, long)]
+    model: PathBuf,
+    /// Text to tokenize (else --file).
+    #[arg(long, conflicts_with = "file")]
+    text: Option<String>,
+    /// File to tokenize.
+    #[arg(short = 'f', long)]
+    file: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+struct FetchArgs {
+    /// Cache directory [default: $PPL_CACHE_DIR, $XDG_CACHE_HOME/ppl or ~/.cache/ppl].
+    #[arg(long)]
+    cache_dir: Option<PathBuf>,
+}
+
+fn default_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// Pins the compute thread count: candle's matmul pools read these variables once, on first
+/// use, so they are set before any tensor exists; our own parallel loops use rayon's pool.
+fn configure_threads(n: usize) {
+    std::env::set_var("RAYON_NUM_THREADS", n.to_string());
+    std::env::set_var("CANDLE_NUM_THREADS", n.to_string());
+    let _ = rayon::ThreadPoolBuilder::new().num_threads(n).build_global();
+}
+
+fn init_logging(level: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_new(level)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .without_time()
+        .try_init();
+}
+
+/// Entry point: runs the command and maps errors to a message and exit code 1.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(&cli.log);
+    match run(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Eval(args) => {
+            let cfg = args.resolve()?;
+            configure_threads(cfg.threads);
+            let progress = if args.quiet { ProgressMode::None } else { args.progress };
+            let results = pipeline::evaluate(&cfg, progress, args.print_chunks)?;
+            if let Some(out) = &args.output {
+                results
+                    .write_atomic(out)
+                    .with_context(|| format!("cannot write results to {} (--output)", out.display()))?;
+            }
+            if !args.quiet {
+                print!("{}", results.summary());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Tokenize(args) => {
+            let g = GgufFile::open(&args.model)?;
+            let tok = Tokenizer::from_gguf(&g)?;
+            let text = match (&args.text, &args.file) {
+                (Some(t), _) => t.clone(),
+                (None, Some(f)) => crate::data::read_text(f)?,
+                (None, None) => anyhow::bail!("give the text with --text or --file"),
+            };
+            let ids = tok.encode(&text)?;
+            let line: Vec<String> = ids.iter().map(|i| i.to_string()).collect();
+            println!("{}", line.join(" "));
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::FetchModel(args) => {
+            let dir = args.cache_dir.unwrap_or_else(fetch::cache_dir);
+            let path = fetch::fetch_test_model(&dir)?;
+            println!("{}", path.display());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Bench(args) => bench::run(args),
+    }
+}

@@ -1,0 +1,68 @@
+//! Fingerprints (SHA-256) of inputs, recorded in results so a result can be traced to the
+//! exact model file and text, and (in distributed runs) compared across ranks.
+
+use sha2::{Digest, Sha256};
+use std::io::Read;
+use std::path::Path;
+
+/// Hex SHA-256 of a file, read in 1 MiB blocks (not mapped: hashing adds nothing to RSS).
+pub fn sha256_file(path: &Path) -> std::io::Result<String> {
+    let mut f = std::fs::File::open(path)?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    Ok(hex(&h.finalize()))
+}
+
+/// Hex SHA-256 of bytes.
+pub fn sha256_bytes(bytes: &[u8]) -> String {
+    hex(&Sha256::digest(bytes))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Peak resident set size of this process (`VmHWM`), where the OS reports it.
+pub fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// SIMD features of this CPU that the kernels (candle's and ours) can use.
+pub fn cpu_features() -> Vec<&'static str> {
+    let mut v = Vec::new();
+    #[cfg(target_arch = "x86_64")]
+    {
+        macro_rules! check {
+            ($($f:tt),*) => {$(if std::arch::is_x86_feature_detected!($f) { v.push($f); })*};
+        }
+        check!("sse4.2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512vnni", "avxvnni");
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        if std::arch::is_aarch64_feature_detected!("neon") {
+            v.push("neon");
+        }
+    }
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn sha256_of_known_input() {
+        assert_eq!(
+            super::sha256_bytes(b"abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+    }
+}

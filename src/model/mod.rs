@@ -1,0 +1,54 @@
+//! Models: the GGUF container ([`gguf`]), the Llama-family architecture ([`llama`]) and the
+//! fetcher for the reference test model ([`fetch`]).
+//!
+//! [`Precision`] selects how weights are used: `native` keeps quantized weights as stored
+//! (activations are quantized to 8 bits inside each dot product, as llama.cpp does), `f32`
+//! dequantizes every weight once at load and computes in f32 (the exact value of the model as
+//! stored).
+
+pub mod fetch;
+pub mod gguf;
+pub mod kernels;
+pub mod llama;
+
+pub use gguf::{GgufError, GgufFile};
+pub use llama::{Llama, LlamaConfig};
+
+/// How weights are computed with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    /// Quantized weights used as stored (llama.cpp's CPU path).
+    Native,
+    /// Every weight dequantized to f32 at load; f32 activations.
+    F32,
+}
+
+impl std::fmt::Display for Precision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Precision::Native => "native",
+            Precision::F32 => "f32",
+        })
+    }
+}
+
+/// Errors building or running a model.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error(transparent)]
+    Gguf(#[from] GgufError),
+    #[error("{path}: architecture '{arch}' is not supported; ppl evaluates: {supported}")]
+    UnsupportedArchitecture {
+        path: std::path::PathBuf,
+        arch: String,
+        supported: &'static str,
+    },
+    #[error("{path}: {detail}")]
+    Invalid {
+        path: std::path::PathBuf,
+        detail: String,
+    },
+    #[error("tensor computation failed: {0}")]
+    Candle(#[from] candle_core::Error),
+}

@@ -1,0 +1,164 @@
+//! Results: the versioned `results.json` schema ([`Results`]), writing it atomically, the
+//! final summary, and live progress ([`progress`]).
+//!
+//! # `results.json`, schema version 1
+//! | field | meaning |
+//! |---|---|
+//! | `schema_version` | 1 |
+//! | `ppl` | exp(`mean_nll`) |
+//! | `ppl_err` | llama.cpp's ± (delta method); null with < 2 tokens |
+//! | `ci95` | `[lo, hi]` block-bootstrap 95% interval; null with < 2 blocks |
+//! | `tokens` | scored tokens |
+//! | `mean_nll` | mean NLL per scored token (nats) |
+//! | `nll_sum`, `accumulator` | total NLL; its exact fixed-point sums (decimal strings, 2^-64 units) |
+//! | `word_perplexity`, `byte_perplexity`, `bits_per_byte` | `rolling` only (lm-eval definitions) |
+//! | `windows[]` | `index`, `group`, `start`, `input_tokens`, `tokens`, `nll_sum`, `nll_sum_fixed` |
+//! | `config` | the resolved configuration |
+//! | `model`, `data` | paths, SHA-256 fingerprints, sizes, architecture, tokenizer |
+//! | `timings` | seconds for load, tokenize, eval, total; tokens/s |
+//! | `system` | threads, CPU features, peak RSS bytes |
+
+pub mod progress;
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use crate::eval::NllAccumulator;
+
+pub const SCHEMA_VERSION: u32 = 1;
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Results {
+    pub schema_version: u32,
+    pub ppl_version: String,
+    pub ppl: f64,
+    pub ppl_err: Option<f64>,
+    pub ci95: Option<[f64; 2]>,
+    pub tokens: u64,
+    pub mean_nll: f64,
+    pub nll_sum: f64,
+    pub accumulator: NllAccumulator,
+    pub word_perplexity: Option<f64>,
+    pub byte_perplexity: Option<f64>,
+    pub bits_per_byte: Option<f64>,
+    pub config: serde_json::Value,
+    pub model: ModelInfo,
+    pub data: DataInfo,
+    pub windows: Vec<WindowRecord>,
+    pub timings: Timings,
+    pub system: SystemInfo,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ModelInfo {
+    pub path: String,
+    pub sha256: String,
+    pub file_bytes: u64,
+    pub architecture: String,
+    pub parameters: u64,
+    pub vocab_size: usize,
+    pub context_length: usize,
+    pub layers: usize,
+    /// Tensor count per GGUF type name.
+    pub tensor_types: BTreeMap<String, usize>,
+    pub tokenizer: String,
+    pub tokenizer_pre: Option<String>,
+    pub add_bos: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct DataInfo {
+    pub path: String,
+    pub sha256: String,
+    pub bytes: u64,
+    /// Tokens in the tokenized text (after `max_tokens`).
+    pub stream_tokens: u64,
+    /// Documents (`rolling` only).
+    pub documents: Option<u64>,
+    pub words: Option<u64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct WindowRecord {
+    pub index: usize,
+    pub group: usize,
+    pub start: usize,
+    pub input_tokens: usize,
+    pub tokens: u64,
+    pub nll_sum: f64,
+    #[serde(with = "crate::eval::accumulator::i128_string")]
+    pub nll_sum_fixed: i128,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Timings {
+    pub load_s: f64,
+    pub tokenize_s: f64,
+    pub eval_s: f64,
+    pub total_s: f64,
+    /// Tokens through the model per second of evaluation.
+    pub tokens_per_s: f64,
+    /// Scored tokens per second of evaluation.
+    pub scored_tokens_per_s: f64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct SystemInfo {
+    pub threads: usize,
+    pub cpu_features: Vec<String>,
+    pub peak_rss_bytes: Option<u64>,
+    pub host: Option<String>,
+}
+
+impl Results {
+    /// Writes JSON to a temporary file beside `path` and renames it into place, so a crash
+    /// never leaves a partial file under the final name.
+    pub fn write_atomic(&self, path: &Path) -> std::io::Result<()> {
+        let json = serde_json::to_vec_pretty(self).map_err(std::io::Error::other)?;
+        let dir = path.parent().filter(|p| !p.as_os_str().is_empty());
+        if let Some(d) = dir {
+            std::fs::create_dir_all(d)?;
+        }
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let tmp = path.with_file_name(format!(".{name}.tmp-{}", std::process::id()));
+        std::fs::write(&tmp, json)?;
+        std::fs::rename(&tmp, path)
+    }
+
+    /// Human-readable summary.
+    pub fn summary(&self) -> String {
+        let mut s = String::new();
+        let err = self.ppl_err.map(|e| format!(" ± {e:.4}")).unwrap_or_default();
+        s += &format!("Final estimate: PPL = {:.4}{err}\n", self.ppl);
+        if let Some([lo, hi]) = self.ci95 {
+            s += &format!(
+                "95% CI (block bootstrap over {} blocks): [{lo:.4}, {hi:.4}]\n",
+                self.windows.iter().map(|w| w.group).collect::<std::collections::BTreeSet<_>>().len()
+            );
+        }
+        s += &format!(
+            "scored tokens: {} in {} windows, mean NLL {:.6} nats\n",
+            self.tokens,
+            self.windows.len(),
+            self.mean_nll
+        );
+        if let (Some(w), Some(b), Some(bpb)) = (self.word_perplexity, self.byte_perplexity, self.bits_per_byte) {
+            s += &format!("word perplexity {w:.4}, byte perplexity {b:.6}, bits per byte {bpb:.6}\n");
+        }
+        let rss = self
+            .system
+            .peak_rss_bytes
+            .map(|b| format!(", peak RSS {:.0} MiB", b as f64 / (1024.0 * 1024.0)))
+            .unwrap_or_default();
+        s += &format!(
+            "throughput: {:.1} tokens/s through the model ({:.1} scored/s), eval {:.2} s, total {:.2} s, {} threads{rss}\n",
+            self.timings.tokens_per_s,
+            self.timings.scored_tokens_per_s,
+            self.timings.eval_s,
+            self.timings.total_s,
+            self.system.threads
+        );
+        s
+    }
+}

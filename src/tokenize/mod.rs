@@ -1,0 +1,355 @@
+//! Tokenizers built from GGUF metadata (`tokenizer.ggml.*`), producing the same ids as
+//! llama.cpp's `llama_tokenize(add_special = true, parse_special = false)`.
+//!
+//! - `gpt2` vocabularies (byte-level BPE): the `tokenizers` crate's BPE model with the
+//!   pre-tokenizer named by `tokenizer.ggml.pre` (see [`bpe_pre_tokenizer`]).
+//! - `llama` vocabularies (SentencePiece): llama.cpp's score-driven bigram merge with byte
+//!   fallback, in [`spm`].
+//!
+//! As in llama.cpp, user-defined tokens (token type 4) are split out of the text before the
+//! model sees it, even though special (control) tokens are not parsed.
+
+mod spm;
+
+use tokenizers::models::bpe::BPE;
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::pre_tokenizers::digits::Digits;
+use tokenizers::pre_tokenizers::sequence::Sequence;
+use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
+use tokenizers::{PreTokenizerWrapper, SplitDelimiterBehavior};
+
+use crate::model::GgufFile;
+
+/// GGUF token types (llama.cpp's `llama_token_type`).
+const TOKEN_TYPE_USER_DEFINED: u32 = 4;
+
+#[derive(Debug, thiserror::Error)]
+pub enum TokenizeError {
+    #[error(transparent)]
+    Gguf(#[from] crate::model::GgufError),
+    #[error("{path}: tokenizer model '{model}' is not supported (ppl reads 'gpt2' BPE and 'llama' SentencePiece vocabularies)")]
+    UnsupportedModel {
+        path: std::path::PathBuf,
+        model: String,
+    },
+    #[error("{path}: BPE pre-tokenizer '{pre}' (tokenizer.ggml.pre) is not supported; supported: {supported}")]
+    UnsupportedPre {
+        path: std::path::PathBuf,
+        pre: String,
+        supported: &'static str,
+    },
+    #[error("{path}: invalid tokenizer metadata: {detail}")]
+    Invalid {
+        path: std::path::PathBuf,
+        detail: String,
+    },
+    #[error("tokenization failed: {0}")]
+    Encode(String),
+}
+
+type Result<T> = std::result::Result<T, TokenizeError>;
+
+enum Model {
+    Bpe(Box<tokenizers::Tokenizer>),
+    Spm(spm::SpmModel),
+}
+
+/// A tokenizer equivalent to the one llama.cpp builds from the same GGUF file.
+pub struct Tokenizer {
+    model: Model,
+    /// User-defined tokens, longest first: matched in raw text before the model runs.
+    user_defined: Vec<(String, u32)>,
+    add_space_prefix: bool,
+    pub bos_id: Option<u32>,
+    pub eos_id: Option<u32>,
+    pub add_bos: bool,
+    pub kind: String,
+    pub pre: Option<String>,
+    pub vocab_size: usize,
+}
+
+/// BPE pre-tokenizers ppl knows, by llama.cpp's `tokenizer.ggml.pre` name.
+pub const SUPPORTED_PRE: &str =
+    "default, gpt2, smollm, starcoder, refact, llama3, llama-bpe, dbrx, smaug-bpe, qwen2, deepseek-r1-qwen";
+
+const LLAMA3_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const QWEN2_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// The pre-tokenizer for a `tokenizer.ggml.pre` name, or `None` when unknown.
+///
+/// `smollm` (and the other StarCoder-derived vocabularies) split every digit on its own before
+/// GPT-2's byte-level split; this reproduces llama.cpp's ids exactly on wikitext.
+pub fn bpe_pre_tokenizer(pre: &str) -> Option<PreTokenizerWrapper> {
+    let byte_level = |use_regex| ByteLevel::new(false, false, use_regex);
+    let regex_then_bytes = |re: &str| -> PreTokenizerWrapper {
+        let split = Split::new(
+            SplitPattern::Regex(re.to_string()),
+            SplitDelimiterBehavior::Isolated,
+            false,
+        )
+        .expect("built-in pre-tokenizer regex compiles");
+        Sequence::new(vec![split.into(), byte_level(false).into()]).into()
+    };
+    Some(match pre {
+        "default" | "gpt2" | "gpt-2" => byte_level(true).into(),
+        "smollm" | "starcoder" | "refact" => {
+            Sequence::new(vec![Digits::new(true).into(), byte_level(true).into()]).into()
+        }
+        "llama3" | "llama-bpe" | "dbrx" | "smaug-bpe" => regex_then_bytes(LLAMA3_REGEX),
+        "qwen2" | "deepseek-r1-qwen" => regex_then_bytes(QWEN2_REGEX),
+        _ => return None,
+    })
+}
+
+impl Tokenizer {
+    pub fn from_gguf(g: &GgufFile) -> Result<Self> {
+        let purpose = "a tokenizer (tokenizer.ggml.*); convert the model with its tokenizer";
+        let kind = g.get_str("tokenizer.ggml.model", purpose)?.to_string();
+        let tokens = g.get_str_array("tokenizer.ggml.tokens", purpose)?;
+        let token_types: Option<Vec<u32>> = match g.get("tokenizer.ggml.token_type") {
+            Some(_) => Some(
+                g.get_num_array("tokenizer.ggml.token_type", purpose)?
+                    .into_iter()
+                    .map(|t| t as u32)
+                    .collect(),
+            ),
+            None => None,
+        };
+        let invalid = |detail: String| TokenizeError::Invalid {
+            path: g.path().to_path_buf(),
+            detail,
+        };
+        if let Some(tt) = &token_types {
+            if tt.len() != tokens.len() {
+                return Err(invalid(format!(
+                    "{} token types for {} tokens",
+                    tt.len(),
+                    tokens.len()
+                )));
+            }
+        }
+        let id = |key: &str| -> Result<Option<u32>> {
+            match g.get(key) {
+                None => Ok(None),
+                Some(_) => {
+                    let v = g.get_u64(key, purpose)?;
+                    if v as usize >= tokens.len() {
+                        return Err(invalid(format!("{key} = {v} is outside the vocabulary")));
+                    }
+                    Ok(Some(v as u32))
+                }
+            }
+        };
+        let bos_id = id("tokenizer.ggml.bos_token_id")?;
+        let eos_id = id("tokenizer.ggml.eos_token_id")?;
+        let mut user_defined: Vec<(String, u32)> = match &token_types {
+            Some(tt) => tt
+                .iter()
+                .enumerate()
+                .filter(|(_, &t)| t == TOKEN_TYPE_USER_DEFINED)
+                .map(|(i, _)| (tokens[i].to_string(), i as u32))
+                .filter(|(s, _)| !s.is_empty())
+                .collect(),
+            None => Vec::new(),
+        };
+        // Longest first, as llama.cpp orders its special-token cache.
+        user_defined.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then(a.1.cmp(&b.1)));
+
+        let (model, pre, default_add_bos, default_space_prefix) = match kind.as_str() {
+            "gpt2" => {
+                let pre = g
+                    .get("tokenizer.ggml.pre")
+                    .map(|_| g.get_str("tokenizer.ggml.pre", purpose))
+                    .transpose()?
+                    .unwrap_or("default")
+                    .to_string();
+                let pre_tok = bpe_pre_tokenizer(&pre).ok_or_else(|| TokenizeError::UnsupportedPre {
+                    path: g.path().to_path_buf(),
+                    pre: pre.clone(),
+                    supported: SUPPORTED_PRE,
+                })?;
+                let merges = g.get_str_array("tokenizer.ggml.merges", purpose)?;
+                let merges = merges
+                    .iter()
+                    .map(|m| {
+                        m.split_once(' ')
+                            .map(|(a, b)| (a.to_string(), b.to_string()))
+                            .ok_or_else(|| invalid(format!("merge '{m}' is not two tokens")))
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                let vocab: tokenizers::models::bpe::Vocab = tokens
+                    .iter()
+                    .enumerate()
+                    .map(|(i, t)| (t.to_string(), i as u32))
+                    .collect();
+                let bpe = BPE::builder()
+                    .vocab_and_merges(vocab, merges)
+                    .build()
+                    .map_err(|e| invalid(format!("BPE vocabulary: {e}")))?;
+                let mut tok = tokenizers::Tokenizer::new(bpe);
+                tok.with_pre_tokenizer(Some(pre_tok));
+                (Model::Bpe(Box::new(tok)), Some(pre), false, false)
+            }
+            "llama" => {
+                let scores = g.get_num_array("tokenizer.ggml.scores", purpose)?;
+                if scores.len() != tokens.len() {
+                    return Err(invalid(format!(
+                        "{} scores for {} tokens",
+                        scores.len(),
+                        tokens.len()
+                    )));
+                }
+                let types = token_types.clone().unwrap_or_else(|| vec![1; tokens.len()]);
+                let unk = id("tokenizer.ggml.unknown_token_id")?;
+                (
+                    Model::Spm(spm::SpmModel::new(&tokens, &scores, &types, unk)),
+                    None,
+                    true,
+                    true,
+                )
+            }
+            _ => {
+                return Err(TokenizeError::UnsupportedModel {
+                    path: g.path().to_path_buf(),
+                    model: kind,
+                })
+            }
+        };
+        let add_bos = g.get_bool("tokenizer.ggml.add_bos_token").unwrap_or(default_add_bos);
+        let add_space_prefix = g
+            .get_bool("tokenizer.ggml.add_space_prefix")
+            .unwrap_or(default_space_prefix);
+        if add_bos && bos_id.is_none() {
+            return Err(invalid("add_bos_token is set but bos_token_id is missing".into()));
+        }
+        Ok(Self {
+            model,
+            user_defined,
+            add_space_prefix,
+            bos_id,
+            eos_id,
+            add_bos,
+            kind,
+            pre,
+            vocab_size: tokens.len(),
+        })
+    }
+
+    /// Token ids of `text`, with BOS first when the vocabulary asks for it
+    /// (llama.cpp's `add_special = true`). Special tokens in the text are not parsed.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        let mut ids = Vec::with_capacity(text.len() / 3 + 1);
+        if self.add_bos {
+            ids.extend(self.bos_id);
+        }
+        ids.extend(self.encode_plain(text)?);
+        Ok(ids)
+    }
+
+    /// Token ids of `text` without BOS.
+    pub fn encode_plain(&self, text: &str) -> Result<Vec<u32>> {
+        let mut ids = Vec::with_capacity(text.len() / 3 + 1);
+        let mut prev_was_token = true;
+        for fragment in partition(text, &self.user_defined) {
+            match fragment {
+                Fragment::Token(id) => {
+                    ids.push(id);
+                    prev_was_token = true;
+                }
+                Fragment::Text(t) => {
+                    match &self.model {
+                        Model::Bpe(tok) => {
+                            let enc = tok
+                                .encode_fast(t, false)
+                                .map_err(|e| TokenizeError::Encode(e.to_string()))?;
+                            ids.extend_from_slice(enc.get_ids());
+                        }
+                        Model::Spm(spm) => {
+                            let prefixed;
+                            let t = if self.add_space_prefix && prev_was_token {
+                                prefixed = format!(" {t}");
+                                prefixed.as_str()
+                            } else {
+                                t
+                            };
+                            spm.encode(t, &mut ids);
+                        }
+                    }
+                    prev_was_token = false;
+                }
+            }
+        }
+        Ok(ids)
+    }
+}
+
+#[derive(Debug, PartialEq)]
+enum Fragment<'a> {
+    Text(&'a str),
+    Token(u32),
+}
+
+/// Splits `text` around every occurrence of the given tokens, longest token first
+/// (llama.cpp's `tokenizer_st_partition`).
+fn partition<'a>(text: &'a str, tokens: &[(String, u32)]) -> Vec<Fragment<'a>> {
+    let mut fragments = vec![Fragment::Text(text)];
+    for (tok, id) in tokens {
+        if !fragments
+            .iter()
+            .any(|f| matches!(f, Fragment::Text(t) if t.contains(tok.as_str())))
+        {
+            continue;
+        }
+        let mut next = Vec::with_capacity(fragments.len() + 2);
+        for f in fragments {
+            match f {
+                Fragment::Text(mut t) => {
+                    while let Some(pos) = t.find(tok.as_str()) {
+                        if pos > 0 {
+                            next.push(Fragment::Text(&t[..pos]));
+                        }
+                        next.push(Fragment::Token(*id));
+                        t = &t[pos + tok.len()..];
+                    }
+                    if !t.is_empty() {
+                        next.push(Fragment::Text(t));
+                    }
+                }
+                token => next.push(token),
+            }
+        }
+        fragments = next;
+    }
+    fragments.retain(|f| !matches!(f, Fragment::Text("")));
+    fragments
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn partition_prefers_longest_token_and_keeps_text_order() {
+        let toks = vec![("\t\t".to_string(), 2), ("\t".to_string(), 1)];
+        let got = partition("a\t\t\tb\t", &toks);
+        assert_eq!(
+            got,
+            vec![
+                Fragment::Text("a"),
+                Fragment::Token(2),
+                Fragment::Token(1),
+                Fragment::Text("b"),
+                Fragment::Token(1)
+            ]
+        );
+        assert_eq!(partition("", &toks), vec![]);
+    }
+
+    #[test]
+    fn known_pre_tokenizers_build_and_unknown_is_none() {
+        for pre in SUPPORTED_PRE.split(", ") {
+            assert!(bpe_pre_tokenizer(pre).is_some(), "{pre}");
+        }
+        assert!(bpe_pre_tokenizer("jais").is_none());
+    }
+}
