@@ -5,6 +5,26 @@ use sha2::{Digest, Sha256};
 use std::io::Read;
 use std::path::Path;
 
+/// Hex SHA-256 of a file, memoised per (path, size, mtime) for the life of the process
+/// (ranks of the `local` backend share one computation).
+pub fn sha256_file_cached(path: &Path) -> std::io::Result<String> {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    type Key = (std::path::PathBuf, u64, Option<std::time::SystemTime>);
+    static MEMO: OnceLock<Mutex<HashMap<Key, String>>> = OnceLock::new();
+    let meta = std::fs::metadata(path)?;
+    let key = (path.to_path_buf(), meta.len(), meta.modified().ok());
+    let memo = MEMO.get_or_init(Default::default);
+    // Hash under the lock: concurrent ranks wait for one computation instead of repeating it.
+    let mut m = memo.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(h) = m.get(&key) {
+        return Ok(h.clone());
+    }
+    let h = sha256_file(path)?;
+    m.insert(key, h.clone());
+    Ok(h)
+}
+
 /// Hex SHA-256 of a file, read in 1 MiB blocks (not mapped: hashing adds nothing to RSS).
 pub fn sha256_file(path: &Path) -> std::io::Result<String> {
     let mut f = std::fs::File::open(path)?;
@@ -25,7 +45,7 @@ pub fn sha256_bytes(bytes: &[u8]) -> String {
     hex(&Sha256::digest(bytes))
 }
 
-fn hex(bytes: &[u8]) -> String {
+pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
@@ -45,7 +65,16 @@ pub fn cpu_features() -> Vec<&'static str> {
         macro_rules! check {
             ($($f:tt),*) => {$(if std::arch::is_x86_feature_detected!($f) { v.push($f); })*};
         }
-        check!("sse4.2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512vnni", "avxvnni");
+        check!(
+            "sse4.2",
+            "avx",
+            "avx2",
+            "fma",
+            "f16c",
+            "avx512f",
+            "avx512vnni",
+            "avxvnni"
+        );
     }
     #[cfg(target_arch = "aarch64")]
     {

@@ -17,6 +17,7 @@
 
 pub mod cli;
 pub mod data;
+pub mod dist;
 pub mod eval;
 pub mod fingerprint;
 pub mod model;

@@ -1,21 +1,34 @@
-//! The evaluation pipeline, end to end: read the model header and tokenizer, read and
-//! tokenize the text, cut windows, load the weights, score, and assemble [`Results`].
+//! The evaluation pipeline, end to end, on every rank: read the model header and tokenizer,
+//! read the text, agree with the other ranks on what is being evaluated, tokenize and cut
+//! windows, load the weights, score this rank's share (rank 0 gathers every window's exact
+//! record) and assemble [`Results`] on rank 0.
 //!
-//! Cheap checks (configuration, model metadata, data) all run before the weights are loaded,
-//! so a bad input fails in well under a second, never after minutes of compute.
+//! Cheap checks (configuration, model metadata, data, cross-rank agreement) all run before the
+//! weights are loaded, so a bad input fails in well under a second, never after minutes of
+//! compute.
+//!
+//! [`evaluate`] runs a world of `--ranks` threads in this process (the `local` backend) with
+//! one shared copy of the weights; [`evaluate_rank`] is one rank of any backend (MPI).
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use std::time::Instant;
 
 use serde::Serialize;
 
 use crate::data::{self, windows, DataError, Method, WindowPlan};
-use crate::eval::{self, stats, NllAccumulator};
+use crate::dist::agreement::{self, AgreementError, Fingerprints};
+use crate::dist::run::{self as dp, RunError};
+use crate::dist::schedule::Schedule;
+use crate::dist::{local, CommError, Communicator};
+use crate::eval::{stats, NllAccumulator};
 use crate::fingerprint;
 use crate::model::{gguf, GgufFile, Llama, LlamaConfig, ModelError, Precision};
 use crate::report::progress::{Progress, ProgressMode};
-use crate::report::{DataInfo, ModelInfo, Results, SystemInfo, Timings, WindowRecord, SCHEMA_VERSION};
+use crate::report::{
+    DataInfo, ModelInfo, Results, SystemInfo, Timings, WindowRecord, WorldInfo, SCHEMA_VERSION,
+};
 use crate::tokenize::{TokenizeError, Tokenizer};
 
 /// A fully resolved evaluation configuration (defaults applied, ranges checked).
@@ -36,6 +49,37 @@ pub struct EvalConfig {
     pub precision: Precision,
     pub seed: u64,
     pub bootstrap_samples: usize,
+    /// Ranks of the `local` backend (the MPI world size decides under `mpirun`).
+    pub ranks: usize,
+    pub schedule: Schedule,
+}
+
+impl EvalConfig {
+    /// The options that decide which tokens are scored and how: every rank must agree on them.
+    /// Batch size, threads, ranks and schedule are left out (they never change a result), and
+    /// so is the seed (rank 0's is broadcast).
+    fn scoring_json(&self) -> String {
+        serde_json::json!({
+            "method": self.method,
+            "ctx": self.ctx,
+            "stride": self.stride,
+            "chunks": self.chunks,
+            "max_tokens": self.max_tokens,
+            "precision": self.precision,
+            "bootstrap_samples": self.bootstrap_samples,
+        })
+        .to_string()
+    }
+}
+
+/// Display and testing options that are not part of the scoring configuration.
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    pub progress: Option<ProgressMode>,
+    pub print_chunks: bool,
+    /// Testing aid: give one rank a different data file (`--debug-rank-data R=PATH`), to
+    /// exercise the start-up agreement as a node with a different file would.
+    pub rank_data: Option<(usize, PathBuf)>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -50,6 +94,21 @@ pub enum EvalError {
     Data(#[from] DataError),
     #[error("{0}")]
     Config(String),
+    #[error(transparent)]
+    Agreement(#[from] AgreementError),
+    #[error(transparent)]
+    Comm(#[from] CommError),
+    #[error("rank {rank} stopped: {source}")]
+    Rank { rank: usize, source: Box<EvalError> },
+}
+
+impl From<RunError> for EvalError {
+    fn from(e: RunError) -> Self {
+        match e {
+            RunError::Comm(c) => EvalError::Comm(c),
+            RunError::Model(m) => EvalError::Model(m),
+        }
+    }
 }
 
 /// What the text became before any weight is loaded.
@@ -160,9 +219,28 @@ fn check_config(cfg: &EvalConfig, mc: &LlamaConfig) -> Result<(), EvalError> {
     Ok(())
 }
 
-/// Runs one evaluation and returns its results.
-pub fn evaluate(cfg: &EvalConfig, progress: ProgressMode, print_chunks: bool) -> Result<Results, EvalError> {
-    let t_start = Instant::now();
+/// Everything a rank knows before the weights are loaded.
+pub struct RankSetup {
+    gguf: GgufFile,
+    mc: LlamaConfig,
+    tok: Tokenizer,
+    data_path: PathBuf,
+    text_sha256: String,
+    text_len: u64,
+    prepared: Prepared,
+    tokenize_s: f64,
+    seed: u64,
+    started: Instant,
+}
+
+/// Phase one on every rank: checks, fingerprints, agreement, tokenization. Fails (on every
+/// rank alike, for disagreements) before any weight is loaded.
+pub fn setup_rank(
+    comm: &dyn Communicator,
+    cfg: &EvalConfig,
+    data_path: &Path,
+) -> Result<RankSetup, EvalError> {
+    let started = Instant::now();
     let gguf = GgufFile::open(&cfg.model)?;
     let mc = LlamaConfig::from_gguf(&gguf)?;
     check_config(cfg, &mc)?;
@@ -176,43 +254,107 @@ pub fn evaluate(cfg: &EvalConfig, progress: ProgressMode, print_chunks: bool) ->
             ),
         }));
     }
+    let text = data::read_text(data_path)?;
+    let text_sha256 = fingerprint::sha256_bytes(text.as_bytes());
+    let model_sha256 = fingerprint::sha256_file_cached(&cfg.model).map_err(|e| {
+        EvalError::Config(format!(
+            "cannot read {} to fingerprint it: {e}",
+            cfg.model.display()
+        ))
+    })?;
+    let scoring = cfg.scoring_json();
+    let mine = Fingerprints {
+        rank: comm.rank(),
+        host: comm.host(),
+        model_path: cfg.model.display().to_string(),
+        model_sha256,
+        data_path: data_path.display().to_string(),
+        data_sha256: text_sha256.clone(),
+        tokenizer_sha256: tok.fingerprint.clone(),
+        config_sha256: fingerprint::sha256_bytes(scoring.as_bytes()),
+        config: scoring,
+    };
+    agreement::check(comm, &mine)?;
+    let seed_bytes = comm.broadcast(0, cfg.seed.to_le_bytes().to_vec())?;
+    let seed =
+        u64::from_le_bytes(
+            seed_bytes
+                .as_slice()
+                .try_into()
+                .map_err(|_| CommError::Protocol {
+                    from: 0,
+                    detail: "seed broadcast of the wrong size".into(),
+                })?,
+        );
 
     let t_tok = Instant::now();
-    let text = data::read_text(&cfg.data)?;
-    let prepared = prepare(cfg, &tok, &text)?;
+    let cfg_here = EvalConfig {
+        data: data_path.to_path_buf(),
+        ..cfg.clone()
+    };
+    let prepared = prepare(&cfg_here, &tok, &text)?;
     let tokenize_s = t_tok.elapsed().as_secs_f64();
-    let plan = prepared.plan;
-    if plan.windows.is_empty() {
+    if prepared.plan.windows.is_empty() {
         return Err(EvalError::Data(DataError::Windows(format!(
             "{}: no window to score with these settings",
-            cfg.data.display()
+            data_path.display()
         ))));
     }
     tracing::info!(
-        windows = plan.windows.len(),
-        scored = plan.scored_tokens(),
-        stream = plan.stream_tokens,
+        rank = comm.rank(),
+        windows = prepared.plan.windows.len(),
+        scored = prepared.plan.scored_tokens(),
+        stream = prepared.plan.stream_tokens,
         "tokenized in {tokenize_s:.2} s"
     );
+    Ok(RankSetup {
+        gguf,
+        mc,
+        tok,
+        data_path: data_path.to_path_buf(),
+        text_sha256,
+        text_len: text.len() as u64,
+        prepared,
+        tokenize_s,
+        seed,
+        started,
+    })
+}
 
-    let t_load = Instant::now();
-    let model = Llama::from_gguf(&gguf, cfg.precision)?;
-    let mut tensor_types = BTreeMap::new();
-    for t in gguf.tensors.values() {
-        *tensor_types.entry(gguf::ggml_type_name(t.type_id)).or_insert(0) += 1;
-    }
-    let file_bytes = gguf.bytes().len() as u64;
-    drop(gguf);
-    let load_s = t_load.elapsed().as_secs_f64();
-    tracing::info!("model loaded in {load_s:.2} s ({} precision)", cfg.precision);
-
-    let input_tokens: usize = plan.windows.iter().map(|w| w.input.len()).sum();
-    let mut progress = Progress::new(progress, print_chunks, plan.windows.len(), input_tokens);
+/// Phase two on every rank: score this rank's share; rank 0 returns the results.
+#[allow(clippy::too_many_arguments)]
+pub fn run_rank(
+    comm: &dyn Communicator,
+    cfg: &EvalConfig,
+    setup: &RankSetup,
+    model: &Llama,
+    load_s: f64,
+    threads: usize,
+    progress: Option<&Mutex<Progress>>,
+) -> Result<Option<Results>, EvalError> {
+    let plan = &setup.prepared.plan;
     let t_eval = Instant::now();
-    let mut results = eval::score_windows(&model, &plan.windows, cfg.batch_size, |b| progress.update(b))?;
+    let gathered = dp::run(
+        comm,
+        model,
+        &plan.windows,
+        cfg.batch_size,
+        cfg.schedule,
+        threads,
+        |r| {
+            if let Some(p) = progress {
+                p.lock().unwrap_or_else(|e| e.into_inner()).update(r);
+            }
+        },
+    )?;
     let eval_s = t_eval.elapsed().as_secs_f64();
-    progress.finish();
-    results.sort_by_key(|r| r.index);
+    let Some(gathered) = gathered else {
+        return Ok(None);
+    };
+    if let Some(p) = progress {
+        p.lock().unwrap_or_else(|e| e.into_inner()).finish();
+    }
+    let results = gathered.results;
 
     let mut total = NllAccumulator::default();
     let mut groups: BTreeMap<usize, NllAccumulator> = BTreeMap::new();
@@ -223,7 +365,7 @@ pub fn evaluate(cfg: &EvalConfig, progress: ProgressMode, print_chunks: bool) ->
     let blocks: Vec<NllAccumulator> = groups.into_values().collect();
     let mean_nll = total.mean().unwrap_or(f64::NAN);
     let nll_sum = total.nll_sum();
-    let (word_ppl, byte_ppl, bpb) = match prepared.documents {
+    let (word_ppl, byte_ppl, bpb) = match setup.prepared.documents {
         Some((_, words, bytes)) if words > 0 && bytes > 0 => (
             Some((nll_sum / words as f64).exp()),
             Some((nll_sum / bytes as f64).exp()),
@@ -231,7 +373,6 @@ pub fn evaluate(cfg: &EvalConfig, progress: ProgressMode, print_chunks: bool) ->
         ),
         _ => (None, None, None),
     };
-
     let windows = plan
         .windows
         .iter()
@@ -246,15 +387,22 @@ pub fn evaluate(cfg: &EvalConfig, progress: ProgressMode, print_chunks: bool) ->
             nll_sum_fixed: r.acc.sum,
         })
         .collect();
-    let model_sha = fingerprint::sha256_file(&cfg.model).map_err(|e| {
-        EvalError::Config(format!("cannot read {} to fingerprint it: {e}", cfg.model.display()))
-    })?;
-    Ok(Results {
+    let mut tensor_types = BTreeMap::new();
+    for t in setup.gguf.tensors.values() {
+        *tensor_types
+            .entry(gguf::ggml_type_name(t.type_id))
+            .or_insert(0) += 1;
+    }
+    let input_tokens: usize = plan.windows.iter().map(|w| w.input.len()).sum();
+    let mc = &setup.mc;
+    let tok = &setup.tok;
+    let documents = setup.prepared.documents;
+    Ok(Some(Results {
         schema_version: SCHEMA_VERSION,
         ppl_version: env!("CARGO_PKG_VERSION").to_string(),
         ppl: mean_nll.exp(),
         ppl_err: stats::ppl_error(&total),
-        ci95: stats::bootstrap_ci95(&blocks, cfg.bootstrap_samples, cfg.seed),
+        ci95: stats::bootstrap_ci95(&blocks, cfg.bootstrap_samples, setup.seed),
         tokens: total.count,
         mean_nll,
         nll_sum,
@@ -262,11 +410,20 @@ pub fn evaluate(cfg: &EvalConfig, progress: ProgressMode, print_chunks: bool) ->
         word_perplexity: word_ppl,
         byte_perplexity: byte_ppl,
         bits_per_byte: bpb,
-        config: serde_json::to_value(cfg).expect("config serializes"),
+        config: serde_json::to_value(EvalConfig {
+            seed: setup.seed,
+            ..cfg.clone()
+        })
+        .expect("config serializes"),
         model: ModelInfo {
             path: cfg.model.display().to_string(),
-            sha256: model_sha,
-            file_bytes,
+            sha256: fingerprint::sha256_file_cached(&cfg.model).map_err(|e| {
+                EvalError::Config(format!(
+                    "cannot read {} to fingerprint it: {e}",
+                    cfg.model.display()
+                ))
+            })?,
+            file_bytes: setup.gguf.bytes().len() as u64,
             architecture: mc.architecture.clone(),
             parameters: mc.parameters(),
             vocab_size: mc.vocab_size,
@@ -278,29 +435,202 @@ pub fn evaluate(cfg: &EvalConfig, progress: ProgressMode, print_chunks: bool) ->
             add_bos: tok.add_bos,
         },
         data: DataInfo {
-            path: cfg.data.display().to_string(),
-            sha256: fingerprint::sha256_bytes(text.as_bytes()),
-            bytes: text.len() as u64,
+            path: setup.data_path.display().to_string(),
+            sha256: setup.text_sha256.clone(),
+            bytes: setup.text_len,
             stream_tokens: plan.stream_tokens as u64,
-            documents: prepared.documents.map(|d| d.0),
-            words: prepared.documents.map(|d| d.1),
+            documents: documents.map(|d| d.0),
+            words: documents.map(|d| d.1),
         },
         windows,
         timings: Timings {
             load_s,
-            tokenize_s,
+            tokenize_s: setup.tokenize_s,
             eval_s,
-            total_s: t_start.elapsed().as_secs_f64(),
+            total_s: setup.started.elapsed().as_secs_f64(),
             tokens_per_s: input_tokens as f64 / eval_s,
             scored_tokens_per_s: total.count as f64 / eval_s,
         },
         system: SystemInfo {
             threads: cfg.threads,
-            cpu_features: fingerprint::cpu_features().iter().map(|s| s.to_string()).collect(),
+            cpu_features: fingerprint::cpu_features()
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
             peak_rss_bytes: fingerprint::peak_rss_bytes(),
-            host: std::fs::read_to_string("/proc/sys/kernel/hostname")
-                .ok()
-                .map(|h| h.trim().to_string()),
+            host: Some(comm.host()),
+        },
+        world: WorldInfo {
+            backend: comm.backend().to_string(),
+            size: comm.size(),
+            schedule: cfg.schedule,
+        },
+        ranks: gathered.ranks,
+    }))
+}
+
+/// Threads each of `ranks` ranks gets out of `threads` (at least one).
+pub fn threads_per_rank(threads: usize, ranks: usize) -> usize {
+    (threads / ranks.max(1)).max(1)
+}
+
+fn new_progress(opts: &RunOptions, plan: &WindowPlan) -> Mutex<Progress> {
+    let input_tokens: usize = plan.windows.iter().map(|w| w.input.len()).sum();
+    Mutex::new(Progress::new(
+        opts.progress.unwrap_or(ProgressMode::Auto),
+        opts.print_chunks,
+        plan.windows.len(),
+        input_tokens,
+    ))
+}
+
+/// One rank of any backend, start to finish (used by the MPI launch). Rank 0 returns the
+/// results; the others return `None`.
+pub fn evaluate_rank(
+    comm: &dyn Communicator,
+    cfg: &EvalConfig,
+    opts: &RunOptions,
+) -> Result<Option<Results>, EvalError> {
+    let data = match &opts.rank_data {
+        Some((r, p)) if *r == comm.rank() => p.clone(),
+        _ => cfg.data.clone(),
+    };
+    let setup = match setup_rank(comm, cfg, &data) {
+        Ok(s) => s,
+        Err(e) => {
+            comm.abort(&e.to_string());
+            return Err(e);
+        }
+    };
+    let t_load = Instant::now();
+    let model = match Llama::from_gguf(&setup.gguf, cfg.precision) {
+        Ok(m) => m,
+        Err(e) => {
+            comm.abort(&e.to_string());
+            return Err(e.into());
+        }
+    };
+    let load_s = t_load.elapsed().as_secs_f64();
+    let progress = (comm.rank() == 0).then(|| new_progress(opts, &setup.prepared.plan));
+    run_rank(
+        comm,
+        cfg,
+        &setup,
+        &model,
+        load_s,
+        cfg.threads,
+        progress.as_ref(),
+    )
+}
+
+/// Runs `cfg.ranks` ranks as threads of this process (the `local` backend): each rank checks
+/// and tokenizes its input, the weights are loaded once and shared read-only, then each rank
+/// scores its share on `threads / ranks` threads of its own pool.
+pub fn evaluate(cfg: &EvalConfig, opts: &RunOptions) -> Result<Results, EvalError> {
+    let n = cfg.ranks.max(1);
+    let comms = local::world(n);
+    let per_rank = threads_per_rank(cfg.threads, n);
+    let data_for = |rank: usize| match &opts.rank_data {
+        Some((r, p)) if *r == rank => p.clone(),
+        _ => cfg.data.clone(),
+    };
+
+    // Phase one on every rank; the first failure (in rank order) is reported.
+    let setups: Vec<Result<RankSetup, EvalError>> = std::thread::scope(|s| {
+        let handles: Vec<_> = comms
+            .iter()
+            .map(|c| {
+                let data = data_for(c.rank());
+                s.spawn(move || {
+                    let r = setup_rank(c, cfg, &data);
+                    if let Err(e) = &r {
+                        c.abort(&e.to_string());
+                    }
+                    r
+                })
+            })
+            .collect();
+        handles.into_iter().map(join_rank).collect()
+    });
+    let setups = first_error(setups)?;
+
+    let t_load = Instant::now();
+    let model = Llama::from_gguf(&setups[0].gguf, cfg.precision)?;
+    let load_s = t_load.elapsed().as_secs_f64();
+    tracing::info!(
+        "model loaded once for {n} rank(s) in {load_s:.2} s ({} precision)",
+        cfg.precision
+    );
+    let progress = new_progress(opts, &setups[0].prepared.plan);
+
+    let outcomes: Vec<Result<Option<Results>, EvalError>> = std::thread::scope(|s| {
+        let handles: Vec<_> = comms
+            .iter()
+            .zip(&setups)
+            .map(|(c, setup)| {
+                let (model, progress) = (&model, &progress);
+                s.spawn(move || -> Result<Option<Results>, EvalError> {
+                    let rank = c.rank();
+                    let pool = rayon::ThreadPoolBuilder::new()
+                        .num_threads(per_rank)
+                        .thread_name(move |i| format!("ppl-rank{rank}-{i}"))
+                        .build()
+                        .map_err(|e| {
+                            EvalError::Config(format!("cannot start compute threads: {e}"))
+                        })?;
+                    let progress = (c.rank() == 0).then_some(progress);
+                    pool.install(|| run_rank(c, cfg, setup, model, load_s, per_rank, progress))
+                })
+            })
+            .collect();
+        handles.into_iter().map(join_rank).collect()
+    });
+    let mut outcomes = first_error(outcomes)?;
+    outcomes
+        .swap_remove(0)
+        .ok_or_else(|| EvalError::Config("rank 0 returned no results".into()))
+}
+
+/// A rank thread's result; a panic becomes an error naming the rank instead of tearing down
+/// the process.
+fn join_rank<T>(
+    h: std::thread::ScopedJoinHandle<'_, Result<T, EvalError>>,
+) -> Result<T, EvalError> {
+    h.join().unwrap_or_else(|payload| {
+        let msg = payload
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_else(|| "unknown panic".into());
+        Err(EvalError::Config(format!("a rank thread panicked: {msg}")))
+    })
+}
+
+/// The most informative error among ranks: a rank's own failure before the echoes of it
+/// (other ranks report "rank N failed" once it aborts).
+fn first_error<T>(all: Vec<Result<T, EvalError>>) -> Result<Vec<T>, EvalError> {
+    let mut errors: Vec<(usize, EvalError)> = Vec::new();
+    let mut ok = Vec::with_capacity(all.len());
+    for (rank, r) in all.into_iter().enumerate() {
+        match r {
+            Ok(v) => ok.push(v),
+            Err(e) => errors.push((rank, e)),
+        }
+    }
+    if errors.is_empty() {
+        return Ok(ok);
+    }
+    let primary = errors
+        .iter()
+        .position(|(_, e)| !matches!(e, EvalError::Comm(CommError::RankFailed { .. })))
+        .unwrap_or(0);
+    let (rank, e) = errors.swap_remove(primary);
+    Err(match e {
+        e @ (EvalError::Agreement(_) | EvalError::Comm(_)) => e,
+        e if rank == 0 => e,
+        e => EvalError::Rank {
+            rank,
+            source: Box::new(e),
         },
     })
 }

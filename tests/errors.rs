@@ -13,14 +13,28 @@ fn fails_with(args: &[&str], data: &Path, model: &Path, expected: &[&str]) {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("results.json");
     let mut cmd = common::ppl_cmd();
-    cmd.arg("eval").arg("--model").arg(model).arg("--data").arg(data).args(args).arg("--output").arg(&out);
-    let mut assert = cmd.assert().failure().code(1).stderr(contains("panicked").not());
+    cmd.arg("eval")
+        .arg("--model")
+        .arg(model)
+        .arg("--data")
+        .arg(data)
+        .args(args)
+        .arg("--output")
+        .arg(&out);
+    let mut assert = cmd
+        .assert()
+        .failure()
+        .code(1)
+        .stderr(contains("panicked").not());
     for e in expected {
         assert = assert.stderr(contains(*e));
     }
     let _ = assert;
     assert!(!out.exists(), "a results file was written for a failed run");
-    assert!(std::fs::read_dir(dir.path()).unwrap().next().is_none(), "stray files left behind");
+    assert!(
+        std::fs::read_dir(dir.path()).unwrap().next().is_none(),
+        "stray files left behind"
+    );
 }
 
 fn write(dir: &Path, name: &str, bytes: &[u8]) -> std::path::PathBuf {
@@ -32,22 +46,46 @@ fn write(dir: &Path, name: &str, bytes: &[u8]) -> std::path::PathBuf {
 #[test]
 fn missing_model_and_data_files() {
     let wiki = common::wikitext();
-    fails_with(&[], &wiki, Path::new("/nonexistent/model.gguf"), &["cannot open model file /nonexistent/model.gguf", "--model"]);
-    fails_with(&[], Path::new("/nonexistent/text.raw"), &common::model(), &["cannot read data file /nonexistent/text.raw", "--data"]);
+    fails_with(
+        &[],
+        &wiki,
+        Path::new("/nonexistent/model.gguf"),
+        &["cannot open model file /nonexistent/model.gguf", "--model"],
+    );
+    fails_with(
+        &[],
+        Path::new("/nonexistent/text.raw"),
+        &common::model(),
+        &["cannot read data file /nonexistent/text.raw", "--data"],
+    );
 }
 
 #[test]
 fn non_gguf_and_truncated_models() {
     let dir = tempfile::tempdir().unwrap();
     let wiki = common::wikitext();
-    let not_gguf = write(dir.path(), "model.bin", b"PK\x03\x04 definitely a zip archive");
+    let not_gguf = write(
+        dir.path(),
+        "model.bin",
+        b"PK\x03\x04 definitely a zip archive",
+    );
     fails_with(&[], &wiki, &not_gguf, &["is not a GGUF file", "model.bin"]);
     let real = std::fs::read(common::model()).unwrap();
     // Cut inside the metadata (the vocabulary arrays) and inside the tensor data.
     let header_cut = write(dir.path(), "header.gguf", &real[..200_000]);
-    fails_with(&[], &wiki, &header_cut, &["is truncated or corrupt", "header.gguf", "re-download"]);
+    fails_with(
+        &[],
+        &wiki,
+        &header_cut,
+        &["is truncated or corrupt", "header.gguf", "re-download"],
+    );
     let data_cut = write(dir.path(), "data.gguf", &real[..real.len() / 2]);
-    fails_with(&[], &wiki, &data_cut, &["is truncated or corrupt", "data.gguf", "the data of tensor"]);
+    fails_with(
+        &[],
+        &wiki,
+        &data_cut,
+        &["is truncated or corrupt", "data.gguf", "the data of tensor"],
+    );
     let tiny = write(dir.path(), "tiny.gguf", b"GG");
     fails_with(&[], &wiki, &tiny, &["truncated", "tiny.gguf"]);
 }
@@ -60,11 +98,23 @@ fn unsupported_architecture_is_named() {
     needle.extend_from_slice(&8u32.to_le_bytes());
     needle.extend_from_slice(&5u64.to_le_bytes());
     needle.extend_from_slice(b"llama");
-    let pos = bytes.windows(needle.len()).position(|w| w == needle.as_slice()).expect("architecture key");
+    let pos = bytes
+        .windows(needle.len())
+        .position(|w| w == needle.as_slice())
+        .expect("architecture key");
     let end = pos + needle.len();
     bytes[end - 5..end].copy_from_slice(b"mamba");
     let model = write(dir.path(), "mamba.gguf", &bytes);
-    fails_with(&[], &common::wikitext(), &model, &["architecture 'mamba' is not supported", "mamba.gguf", "llama"]);
+    fails_with(
+        &[],
+        &common::wikitext(),
+        &model,
+        &[
+            "architecture 'mamba' is not supported",
+            "mamba.gguf",
+            "llama",
+        ],
+    );
 }
 
 #[test]
@@ -76,27 +126,81 @@ fn unusable_texts() {
     let blank = write(dir.path(), "blank.txt", b" \n\n \t\n");
     fails_with(&[], &blank, &model, &["blank.txt is empty"]);
     let short = write(dir.path(), "short.txt", b"Only a few words here.");
-    fails_with(&[], &short, &model, &["short.txt", "fewer than the 512 one window needs", "smaller --ctx"]);
-    let latin1 = write(dir.path(), "latin1.txt", b"caf\xe9 au lait, na\xefve r\xe9sum\xe9");
-    fails_with(&[], &latin1, &model, &["latin1.txt is not valid UTF-8", "offset 3", "iconv"]);
+    fails_with(
+        &[],
+        &short,
+        &model,
+        &[
+            "short.txt",
+            "fewer than the 512 one window needs",
+            "smaller --ctx",
+        ],
+    );
+    let latin1 = write(
+        dir.path(),
+        "latin1.txt",
+        b"caf\xe9 au lait, na\xefve r\xe9sum\xe9",
+    );
+    fails_with(
+        &[],
+        &latin1,
+        &model,
+        &["latin1.txt is not valid UTF-8", "offset 3", "iconv"],
+    );
 }
 
 #[test]
 fn impossible_context_lengths() {
     let model = common::model();
     let wiki = common::wikitext();
-    fails_with(&["--ctx", "1"], &wiki, &model, &["--ctx 1 is too small", "at least 2"]);
+    fails_with(
+        &["--ctx", "1"],
+        &wiki,
+        &model,
+        &["--ctx 1 is too small", "at least 2"],
+    );
     fails_with(&["--ctx", "0"], &wiki, &model, &["--ctx 0 is too small"]);
-    fails_with(&["--ctx", "1000000"], &wiki, &model, &["--ctx 1000000 exceeds the model's context length 8192", "llama.context_length"]);
-    fails_with(&["--method", "stride", "--stride", "600"], &wiki, &model, &["--stride 600 must be between 1 and --ctx 512"]);
-    fails_with(&["--threads", "0"], &wiki, &model, &["--threads must be at least 1"]);
-    fails_with(&["--batch-size", "0"], &wiki, &model, &["--batch-size must be at least 1"]);
+    fails_with(
+        &["--ctx", "1000000"],
+        &wiki,
+        &model,
+        &[
+            "--ctx 1000000 exceeds the model's context length 8192",
+            "llama.context_length",
+        ],
+    );
+    fails_with(
+        &["--method", "stride", "--stride", "600"],
+        &wiki,
+        &model,
+        &["--stride 600 must be between 1 and --ctx 512"],
+    );
+    fails_with(
+        &["--threads", "0"],
+        &wiki,
+        &model,
+        &["--threads must be at least 1"],
+    );
+    fails_with(
+        &["--batch-size", "0"],
+        &wiki,
+        &model,
+        &["--batch-size must be at least 1"],
+    );
 }
 
 #[test]
 fn unknown_flag_values_are_rejected_by_the_parser() {
     common::ppl_cmd()
-        .args(["eval", "--model", "m.gguf", "--data", "d.txt", "--precision", "f8"])
+        .args([
+            "eval",
+            "--model",
+            "m.gguf",
+            "--data",
+            "d.txt",
+            "--precision",
+            "f8",
+        ])
         .assert()
         .failure()
         .stderr(contains("invalid value 'f8' for '--precision"));

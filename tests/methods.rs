@@ -8,14 +8,28 @@ use common::eval;
 fn stride_matches_the_hugging_face_guide_within_0_05_percent() {
     // The guide's loop over the first 20,480 tokens: 79 windows of 512, stride 256, f32.
     let r = eval(&[
-        "--method", "stride", "--ctx", "512", "--stride", "256", "--max-tokens", "20480",
-        "--precision", "f32", "--batch-size", "4",
+        "--method",
+        "stride",
+        "--ctx",
+        "512",
+        "--stride",
+        "256",
+        "--max-tokens",
+        "20480",
+        "--precision",
+        "f32",
+        "--batch-size",
+        "4",
     ]);
     let refs = common::reference("smollm2-135m.wikitext2.ppl.json");
     let want = refs["hf_stride"]["ppl_exact_count"].as_f64().unwrap();
     assert_eq!(r.windows.len(), 79);
     assert_eq!(r.tokens, 20_479);
-    assert!((r.ppl - want).abs() / want < 0.0005, "stride PPL {} vs {want}", r.ppl);
+    assert!(
+        (r.ppl - want).abs() / want < 0.0005,
+        "stride PPL {} vs {want}",
+        r.ppl
+    );
 }
 
 #[test]
@@ -31,7 +45,17 @@ fn rolling_scores_every_token_of_every_document_once() {
         .arg(common::model())
         .arg("--data")
         .arg(&path)
-        .args(["--method", "rolling", "--ctx", "16", "--precision", "f32", "--progress", "none", "--output"])
+        .args([
+            "--method",
+            "rolling",
+            "--ctx",
+            "16",
+            "--precision",
+            "f32",
+            "--progress",
+            "none",
+            "--output",
+        ])
         .arg(&out)
         .assert()
         .success();

@@ -17,19 +17,40 @@ fn native_matches_llama_cpp_within_0_2_percent() {
     let want_err = refs["llamacpp_q4_1"]["ppl_err"].as_f64().unwrap();
     assert_eq!(r.tokens, 10_200);
     assert_eq!(r.windows.len(), 40);
-    assert!(rel(r.ppl, want) < 0.002, "native PPL {} vs llama.cpp {want}", r.ppl);
-    assert!(rel(r.ppl_err.unwrap(), want_err) < 0.02, "± {:?} vs {want_err}", r.ppl_err);
+    assert!(
+        rel(r.ppl, want) < 0.002,
+        "native PPL {} vs llama.cpp {want}",
+        r.ppl
+    );
+    assert!(
+        rel(r.ppl_err.unwrap(), want_err) < 0.02,
+        "± {:?} vs {want_err}",
+        r.ppl_err
+    );
     let [lo, hi] = r.ci95.unwrap();
     assert!(lo < r.ppl && r.ppl < hi, "CI {lo}..{hi} around {}", r.ppl);
 }
 
 #[test]
 fn f32_matches_pytorch_within_0_05_percent() {
-    let r = eval(&["--ctx", "512", "--chunks", "40", "--precision", "f32", "--batch-size", "4"]);
+    let r = eval(&[
+        "--ctx",
+        "512",
+        "--chunks",
+        "40",
+        "--precision",
+        "f32",
+        "--batch-size",
+        "4",
+    ]);
     let refs = reference("smollm2-135m.wikitext2.ppl.json");
     let want = refs["torch_f32"]["ppl"].as_f64().unwrap();
     assert_eq!(r.tokens, 10_200);
-    assert!(rel(r.ppl, want) < 0.0005, "f32 PPL {} vs PyTorch {want}", r.ppl);
+    assert!(
+        rel(r.ppl, want) < 0.0005,
+        "f32 PPL {} vs PyTorch {want}",
+        r.ppl
+    );
     // The fixed-point total is exactly the sum of the windows' fixed-point sums.
     let sum: i128 = r.windows.iter().map(|w| w.nll_sum_fixed).sum();
     assert_eq!(sum, r.accumulator.sum);
@@ -37,10 +58,19 @@ fn f32_matches_pytorch_within_0_05_percent() {
 
 /// Everything that must not change when only batching or threading changes.
 fn assert_bit_identical(a: &ppl::report::Results, b: &ppl::report::Results) {
-    assert_eq!(a.ppl.to_bits(), b.ppl.to_bits(), "PPL {} vs {}", a.ppl, b.ppl);
+    assert_eq!(
+        a.ppl.to_bits(),
+        b.ppl.to_bits(),
+        "PPL {} vs {}",
+        a.ppl,
+        b.ppl
+    );
     assert_eq!(a.accumulator, b.accumulator);
     assert_eq!(a.ppl_err.map(f64::to_bits), b.ppl_err.map(f64::to_bits));
-    assert_eq!(a.ci95.map(|c| c.map(f64::to_bits)), b.ci95.map(|c| c.map(f64::to_bits)));
+    assert_eq!(
+        a.ci95.map(|c| c.map(f64::to_bits)),
+        b.ci95.map(|c| c.map(f64::to_bits))
+    );
     let wa: Vec<i128> = a.windows.iter().map(|w| w.nll_sum_fixed).collect();
     let wb: Vec<i128> = b.windows.iter().map(|w| w.nll_sum_fixed).collect();
     assert_eq!(wa, wb);
@@ -49,8 +79,22 @@ fn assert_bit_identical(a: &ppl::report::Results, b: &ppl::report::Results) {
 #[test]
 fn batch_size_does_not_change_a_bit() {
     for precision in ["native", "f32"] {
-        let b1 = eval(&["--chunks", "6", "--precision", precision, "--batch-size", "1"]);
-        let b4 = eval(&["--chunks", "6", "--precision", precision, "--batch-size", "4"]);
+        let b1 = eval(&[
+            "--chunks",
+            "6",
+            "--precision",
+            precision,
+            "--batch-size",
+            "1",
+        ]);
+        let b4 = eval(&[
+            "--chunks",
+            "6",
+            "--precision",
+            precision,
+            "--batch-size",
+            "4",
+        ]);
         assert_bit_identical(&b1, &b4);
     }
 }
@@ -69,7 +113,10 @@ fn thread_count_does_not_change_a_bit() {
 fn results_json_holds_the_documented_fields() {
     let r = eval(&["--chunks", "3", "--precision", "f32", "--threads", "2"]);
     let v = serde_json::to_value(&r).unwrap();
-    for key in ["ppl", "ppl_err", "ci95", "tokens", "mean_nll", "windows", "config", "model", "data", "timings", "system"] {
+    for key in [
+        "ppl", "ppl_err", "ci95", "tokens", "mean_nll", "windows", "config", "model", "data",
+        "timings", "system",
+    ] {
         assert!(v.get(key).is_some(), "missing {key}");
     }
     assert_eq!(v["schema_version"], 1);

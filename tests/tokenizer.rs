@@ -44,7 +44,10 @@ fn whole_wikitext_matches_llama_cpp_ids() {
     assert_eq!(want.len(), 301_948);
     assert_eq!(got.len(), want.len());
     if let Some(i) = got.iter().zip(&want).position(|(a, b)| a != b) {
-        panic!("first difference at token {i}: {} vs llama.cpp {}", got[i], want[i]);
+        panic!(
+            "first difference at token {i}: {} vs llama.cpp {}",
+            got[i], want[i]
+        );
     }
 }
 
@@ -62,8 +65,11 @@ fn tokenize_command_prints_ids() {
 #[test]
 fn gemma3_sentencepiece_matches_llama_cpp_ids() {
     let cache = ppl::model::fetch::cache_dir();
-    let path = ppl::model::fetch::fetch(&cache, &ppl::model::fetch::GEMMA3)
-        .unwrap_or_else(|e| panic!("Gemma 3 test model unavailable: {e}\nrun `cargo run --release -- fetch-model gemma3`"));
+    let path = ppl::model::fetch::fetch(&cache, &ppl::model::fetch::GEMMA3).unwrap_or_else(|e| {
+        panic!(
+            "Gemma 3 test model unavailable: {e}\nrun `cargo run --release -- fetch-model gemma3`"
+        )
+    });
     let g = GgufFile::open(&path).unwrap();
     let tok = Tokenizer::from_gguf(&g).unwrap();
     assert_eq!(tok.kind, "llama");
@@ -83,5 +89,10 @@ fn gemma3_sentencepiece_matches_llama_cpp_ids() {
             failures.push(format!("{text:?}\n  got  {got:?}\n  want {want:?}"));
         }
     }
-    assert!(failures.is_empty(), "{} mismatches:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} mismatches:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }

@@ -97,7 +97,10 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         .data
         .unwrap_or_else(|| PathBuf::from("../shared/data/wikitext-2-raw/wiki.test.raw"));
     if !data.is_file() {
-        bail!("data file {} not found; pass it with --data", data.display());
+        bail!(
+            "data file {} not found; pass it with --data",
+            data.display()
+        );
     }
     let threads = args.threads.unwrap_or_else(super::default_threads);
     let exe = std::env::current_exe().context("cannot locate the ppl executable")?;
@@ -114,8 +117,18 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
                 .arg(&model)
                 .arg("--data")
                 .arg(&data)
-                .args(["--ctx", &args.ctx.to_string(), "--chunks", &args.chunks.to_string()])
-                .args(["--threads", &threads.to_string(), "--batch-size", &args.batch_size.to_string()])
+                .args([
+                    "--ctx",
+                    &args.ctx.to_string(),
+                    "--chunks",
+                    &args.chunks.to_string(),
+                ])
+                .args([
+                    "--threads",
+                    &threads.to_string(),
+                    "--batch-size",
+                    &args.batch_size.to_string(),
+                ])
                 .args(["--precision", &p.to_string(), "--quiet", "--output"])
                 .arg(&out)
                 .status()?;
@@ -157,12 +170,18 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
                 .arg(lm)
                 .arg("-f")
                 .arg(&data)
-                .args(["-c", &args.ctx.to_string(), "--chunks", &args.chunks.to_string()])
+                .args([
+                    "-c",
+                    &args.ctx.to_string(),
+                    "--chunks",
+                    &args.chunks.to_string(),
+                ])
                 .args(["-t", &threads.to_string(), "-b", &args.ctx.to_string()])
                 .output()
                 .with_context(|| format!("cannot run {} under /usr/bin/time", bin.display()))?;
             let wall = t.elapsed().as_secs_f64();
-            let log = String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+            let log = String::from_utf8_lossy(&out.stderr).into_owned()
+                + &String::from_utf8_lossy(&out.stdout);
             if !out.status.success() {
                 bail!("llama-perplexity failed:\n{log}");
             }
@@ -176,7 +195,10 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
                 .find_map(|l| l.split("Final estimate: PPL = ").nth(1))
                 .and_then(|v| v.split_whitespace().next())
                 .and_then(|v| v.parse().ok());
-            eprintln!("round {round} llama.cpp: {:.1} tok/s (wall {wall:.2} s), PPL {ppl:?}", tokens as f64 / wall);
+            eprintln!(
+                "round {round} llama.cpp: {:.1} tok/s (wall {wall:.2} s), PPL {ppl:?}",
+                tokens as f64 / wall
+            );
             ms.push(Measurement {
                 tool: "llama.cpp".into(),
                 precision: None,
@@ -197,8 +219,12 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         for &p in &args.precision {
             let ratios: Vec<f64> = (0..args.repeat.max(1))
                 .filter_map(|round| {
-                    let ours = ms.iter().find(|m| m.round == round && m.precision == Some(p))?;
-                    let theirs = ms.iter().find(|m| m.round == round && m.tool == "llama.cpp")?;
+                    let ours = ms
+                        .iter()
+                        .find(|m| m.round == round && m.precision == Some(p))?;
+                    let theirs = ms
+                        .iter()
+                        .find(|m| m.round == round && m.tool == "llama.cpp")?;
                     Some(theirs.wall_s / ours.wall_s)
                 })
                 .collect();
@@ -207,16 +233,21 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
             }
         }
     }
-    println!("{:<10} {:>9} {:>14} {:>14} {:>11} {:>12}", "tool", "precision", "tok/s (eval)", "tok/s (wall)", "s/chunk", "peak RSS MiB");
+    println!(
+        "{:<10} {:>9} {:>14} {:>14} {:>11} {:>12}",
+        "tool", "precision", "tok/s (eval)", "tok/s (wall)", "s/chunk", "peak RSS MiB"
+    );
     for m in &ms {
         println!(
             "{:<10} {:>9} {:>14} {:>14.1} {:>11.2} {:>12}",
             m.tool,
             m.precision.map_or("-".to_string(), |p| p.to_string()),
-            m.tokens_per_s_eval.map_or("-".to_string(), |t| format!("{t:.1}")),
+            m.tokens_per_s_eval
+                .map_or("-".to_string(), |t| format!("{t:.1}")),
             m.tokens_per_s_wall,
             m.seconds_per_chunk,
-            m.peak_rss_bytes.map_or("-".to_string(), |b| (b >> 20).to_string())
+            m.peak_rss_bytes
+                .map_or("-".to_string(), |b| (b >> 20).to_string())
         );
     }
     for (p, s) in &speedups {

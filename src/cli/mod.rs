@@ -3,6 +3,7 @@
 //! validated [`EvalConfig`] the pipeline runs.
 
 mod bench;
+mod launch;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -11,13 +12,18 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 
 use crate::data::Method;
+use crate::dist::schedule::Schedule;
 use crate::model::{fetch, GgufFile, Precision};
-use crate::pipeline::{self, EvalConfig};
+use crate::pipeline::{self, EvalConfig, RunOptions};
 use crate::report::progress::ProgressMode;
 use crate::tokenize::Tokenizer;
 
 #[derive(Debug, Parser)]
-#[command(name = "ppl", version, about = "Exact, fast perplexity evaluation of LLMs")]
+#[command(
+    name = "ppl",
+    version,
+    about = "Exact, fast perplexity evaluation of LLMs"
+)]
 pub struct Cli {
     /// Log level for diagnostics on stderr (error, warn, info, debug, trace).
     #[arg(long, global = true, default_value = "warn")]
@@ -36,6 +42,8 @@ enum Command {
     FetchModel(FetchArgs),
     /// Measure tokens/s and peak RSS on the reference workload.
     Bench(bench::BenchArgs),
+    /// Start a multi-process run through mpirun (torchrun-style flags).
+    Launch(launch::LaunchArgs),
 }
 
 #[derive(Debug, Args, Clone)]
@@ -70,9 +78,21 @@ pub struct EvalArgs {
     /// native: quantized weights as stored; f32: weights dequantized to f32.
     #[arg(long, value_enum, default_value_t = Precision::Native)]
     precision: Precision,
-    /// Seed of the bootstrap resampling.
+    /// Seed of the bootstrap resampling (rank 0's value is used by every rank).
     #[arg(long, default_value_t = 42)]
     seed: u64,
+    /// Ranks of the local backend (threads of this process sharing one copy of the weights).
+    #[arg(long, default_value_t = 1)]
+    ranks: usize,
+    /// How windows are distributed over ranks.
+    #[arg(long, value_enum, default_value_t = Schedule::Static)]
+    schedule: Schedule,
+    /// Communication backend [default: mpi when started by mpirun/srun, else local].
+    #[arg(long, value_enum)]
+    backend: Option<Backend>,
+    /// Testing aid: rank R reads PATH instead of --data (simulates a node with another file).
+    #[arg(long, value_name = "R=PATH", hide = true)]
+    debug_rank_data: Option<String>,
     /// Bootstrap replicates for the 95% confidence interval.
     #[arg(long, default_value_t = 1000)]
     bootstrap_samples: usize,
@@ -90,12 +110,69 @@ pub struct EvalArgs {
     quiet: bool,
 }
 
+/// Communication backends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Backend {
+    /// Ranks are threads of this process.
+    Local,
+    /// One rank per MPI process (build with `--features mpi`, start with mpirun or srun).
+    Mpi,
+}
+
+/// Whether this process was started by an MPI launcher.
+fn under_mpi_launcher() -> bool {
+    [
+        "OMPI_COMM_WORLD_SIZE",
+        "PMI_SIZE",
+        "PMIX_RANK",
+        "MPI_LOCALNRANKS",
+    ]
+    .iter()
+    .any(|v| std::env::var_os(v).is_some())
+}
+
 impl EvalArgs {
+    fn backend(&self) -> Backend {
+        self.backend.unwrap_or(if under_mpi_launcher() {
+            Backend::Mpi
+        } else {
+            Backend::Local
+        })
+    }
+
+    fn run_options(&self) -> anyhow::Result<RunOptions> {
+        let rank_data = match &self.debug_rank_data {
+            None => None,
+            Some(s) => {
+                let (r, p) = s.split_once('=').ok_or_else(|| {
+                    anyhow::anyhow!("--debug-rank-data takes RANK=PATH, got '{s}'")
+                })?;
+                let r: usize = r
+                    .parse()
+                    .map_err(|_| anyhow::anyhow!("--debug-rank-data: '{r}' is not a rank"))?;
+                Some((r, PathBuf::from(p)))
+            }
+        };
+        Ok(RunOptions {
+            progress: Some(if self.quiet {
+                ProgressMode::None
+            } else {
+                self.progress
+            }),
+            print_chunks: self.print_chunks,
+            rank_data,
+        })
+    }
+
     /// Phase two: defaults and argument-level checks.
     pub fn resolve(&self) -> anyhow::Result<EvalConfig> {
+        if self.ranks == 0 {
+            anyhow::bail!("--ranks must be at least 1");
+        }
         let threads = match self.threads {
             Some(0) => anyhow::bail!("--threads must be at least 1"),
             Some(n) => n,
+            None if self.backend() == Backend::Mpi => default_threads_under_mpi(),
             None => default_threads(),
         };
         let stride = match (self.method, self.stride) {
@@ -120,6 +197,8 @@ impl EvalArgs {
             precision: self.precision,
             seed: self.seed,
             bootstrap_samples: self.bootstrap_samples,
+            ranks: self.ranks,
+            schedule: self.schedule,
         })
     }
 }
@@ -151,12 +230,27 @@ fn default_threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
+/// Under an MPI launcher, ranks on one node share its cores: cores / local ranks.
+fn default_threads_under_mpi() -> usize {
+    let local: usize = [
+        "OMPI_COMM_WORLD_LOCAL_SIZE",
+        "MPI_LOCALNRANKS",
+        "SLURM_NTASKS_PER_NODE",
+    ]
+    .iter()
+    .find_map(|v| std::env::var(v).ok()?.parse().ok())
+    .unwrap_or(1);
+    (default_threads() / local.max(1)).max(1)
+}
+
 /// Pins the compute thread count: candle's matmul pools read these variables once, on first
 /// use, so they are set before any tensor exists; our own parallel loops use rayon's pool.
 fn configure_threads(n: usize) {
     std::env::set_var("RAYON_NUM_THREADS", n.to_string());
     std::env::set_var("CANDLE_NUM_THREADS", n.to_string());
-    let _ = rayon::ThreadPoolBuilder::new().num_threads(n).build_global();
+    let _ = rayon::ThreadPoolBuilder::new()
+        .num_threads(n)
+        .build_global();
 }
 
 fn init_logging(level: &str) {
@@ -186,13 +280,27 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Eval(args) => {
             let cfg = args.resolve()?;
-            configure_threads(cfg.threads);
-            let progress = if args.quiet { ProgressMode::None } else { args.progress };
-            let results = pipeline::evaluate(&cfg, progress, args.print_chunks)?;
+            let opts = args.run_options()?;
+            let results = match args.backend() {
+                Backend::Local => {
+                    configure_threads(pipeline::threads_per_rank(cfg.threads, cfg.ranks));
+                    pipeline::evaluate(&cfg, &opts)?
+                }
+                Backend::Mpi => {
+                    if args.ranks != 1 {
+                        anyhow::bail!("--ranks is for the local backend; under MPI the world size comes from mpirun -np");
+                    }
+                    configure_threads(cfg.threads);
+                    match run_mpi(&cfg, &opts)? {
+                        Some(r) => r,
+                        None => return Ok(ExitCode::SUCCESS),
+                    }
+                }
+            };
             if let Some(out) = &args.output {
-                results
-                    .write_atomic(out)
-                    .with_context(|| format!("cannot write results to {} (--output)", out.display()))?;
+                results.write_atomic(out).with_context(|| {
+                    format!("cannot write results to {} (--output)", out.display())
+                })?;
             }
             if !args.quiet {
                 print!("{}", results.summary());
@@ -219,5 +327,25 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Bench(args) => bench::run(args),
+        Command::Launch(args) => launch::run(args),
     }
+}
+
+#[cfg(feature = "mpi")]
+fn run_mpi(cfg: &EvalConfig, opts: &RunOptions) -> anyhow::Result<Option<crate::report::Results>> {
+    let comm = crate::dist::mpi::MpiComm::init()?;
+    let mut opts = opts.clone();
+    if crate::dist::Communicator::rank(&comm) != 0 {
+        opts.progress = Some(ProgressMode::None);
+        opts.print_chunks = false;
+    }
+    Ok(pipeline::evaluate_rank(&comm, cfg, &opts)?)
+}
+
+#[cfg(not(feature = "mpi"))]
+fn run_mpi(_: &EvalConfig, _: &RunOptions) -> anyhow::Result<Option<crate::report::Results>> {
+    anyhow::bail!(
+        "this ppl was built without MPI support; rebuild with `cargo build --release --features mpi` \
+         (needs an MPI library: apt-get install libopenmpi-dev openmpi-bin), or pass --backend local"
+    )
 }

@@ -60,7 +60,12 @@ impl WindowPlan {
 
 /// llama.cpp's perplexity chunks: `ctx`-token slices, BOS replacing the first token when the
 /// model uses BOS, positions `ctx/2 ..= ctx-2` predicting the following token.
-pub fn chunks(tokens: &[u32], ctx: usize, max_chunks: Option<usize>, bos: Option<u32>) -> Vec<Window> {
+pub fn chunks(
+    tokens: &[u32],
+    ctx: usize,
+    max_chunks: Option<usize>,
+    bos: Option<u32>,
+) -> Vec<Window> {
     let n = tokens.len() / ctx;
     let n = max_chunks.map_or(n, |m| m.min(n));
     let first = ctx / 2;
@@ -118,7 +123,13 @@ pub fn strided(tokens: &[u32], ctx: usize, stride: usize) -> Vec<Window> {
 /// lm-eval's `get_rolling_token_windows(tokens, prefix, ctx, context_len = 1)` made disjoint:
 /// the first window is `[prefix] + tokens[..ctx-1]` scoring `tokens[..ctx]`; each next window
 /// holds the `ctx` tokens before its end and scores its last `min(ctx, left)` tokens.
-pub fn rolling(doc_tokens: &[u32], ctx: usize, prefix: u32, group: usize, first_index: usize) -> Vec<Window> {
+pub fn rolling(
+    doc_tokens: &[u32],
+    ctx: usize,
+    prefix: u32,
+    group: usize,
+    first_index: usize,
+) -> Vec<Window> {
     let n = doc_tokens.len();
     let mut out = Vec::new();
     if n == 0 {
@@ -164,7 +175,12 @@ mod tests {
         for (j, &t) in w.targets.iter().enumerate() {
             let pos = w.first_scored + j;
             assert!(pos < w.input.len());
-            assert_eq!(t, tokens[w.start + pos + 1], "window {} target {j}", w.index);
+            assert_eq!(
+                t,
+                tokens[w.start + pos + 1],
+                "window {} target {j}",
+                w.index
+            );
         }
     }
 
@@ -173,7 +189,9 @@ mod tests {
         let toks: Vec<u32> = (0..2100).collect();
         let w = chunks(&toks, 512, None, None);
         assert_eq!(w.len(), 4);
-        assert!(w.iter().all(|w| w.targets.len() == 255 && w.first_scored == 256));
+        assert!(w
+            .iter()
+            .all(|w| w.targets.len() == 255 && w.first_scored == 256));
         assert_eq!(w[1].targets[0], 512 + 257);
         w.iter().for_each(|w| check_alignment(&toks, w));
         let w = chunks(&toks, 512, Some(2), Some(7));

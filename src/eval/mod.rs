@@ -22,7 +22,7 @@ use crate::model::{Llama, ModelError};
 pub const LOGIT_ROWS: usize = 256;
 
 /// The exact outcome of one window.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct WindowResult {
     pub index: usize,
     pub group: usize,
@@ -56,7 +56,7 @@ pub fn score_windows(
 }
 
 /// One forward pass over windows of equal input length.
-fn score_batch(model: &Llama, batch: &[Window]) -> Result<Vec<WindowResult>, ModelError> {
+pub fn score_batch(model: &Llama, batch: &[Window]) -> Result<Vec<WindowResult>, ModelError> {
     let len = batch[0].input.len();
     let ids: Vec<u32> = batch.iter().flat_map(|w| w.input.iter().copied()).collect();
     let ids = Tensor::from_vec(ids, (batch.len(), len), &Device::Cpu)?;

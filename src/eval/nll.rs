@@ -17,7 +17,11 @@ pub fn nll_row(logits: &[f32], target: u32) -> f64 {
 /// NLLs of consecutive rows `logits[r*vocab..(r+1)*vocab]` against `targets[r]`, rows in
 /// parallel (each row computed by one thread, so the result is thread-count independent).
 pub fn nll_rows(logits: &[f32], vocab: usize, targets: &[u32]) -> Vec<f64> {
-    assert_eq!(logits.len(), vocab * targets.len(), "logits/targets mismatch");
+    assert_eq!(
+        logits.len(),
+        vocab * targets.len(),
+        "logits/targets mismatch"
+    );
     logits
         .par_chunks(vocab)
         .zip(targets.par_iter())
@@ -45,11 +49,16 @@ mod tests {
     #[test]
     fn rows_are_independent_of_parallel_split() {
         let vocab = 1000;
-        let logits: Vec<f32> = (0..vocab * 37).map(|i| ((i * 31 % 97) as f32).sin() * 5.0).collect();
+        let logits: Vec<f32> = (0..vocab * 37)
+            .map(|i| ((i * 31 % 97) as f32).sin() * 5.0)
+            .collect();
         let targets: Vec<u32> = (0..37).map(|i| (i * 13 % vocab) as u32).collect();
         let all = nll_rows(&logits, vocab, &targets);
         for (r, &v) in all.iter().enumerate() {
-            assert_eq!(v.to_bits(), nll_row(&logits[r * vocab..(r + 1) * vocab], targets[r]).to_bits());
+            assert_eq!(
+                v.to_bits(),
+                nll_row(&logits[r * vocab..(r + 1) * vocab], targets[r]).to_bits()
+            );
         }
     }
 }

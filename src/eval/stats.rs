@@ -78,7 +78,10 @@ pub fn bootstrap_ci95(blocks: &[NllAccumulator], samples: usize, seed: u64) -> O
         }
     }
     ppls.sort_by(f64::total_cmp);
-    Some([percentile_sorted(&ppls, 0.025)?, percentile_sorted(&ppls, 0.975)?])
+    Some([
+        percentile_sorted(&ppls, 0.025)?,
+        percentile_sorted(&ppls, 0.975)?,
+    ])
 }
 
 #[cfg(test)]

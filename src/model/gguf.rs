@@ -72,7 +72,7 @@ pub enum GgufError {
     Candle {
         path: PathBuf,
         name: String,
-        source: candle_core::Error,
+        source: Box<candle_core::Error>,
     },
 }
 
@@ -449,9 +449,9 @@ impl GgufFile {
             };
             let mut elems: u64 = 1;
             for &d in &ne {
-                elems = elems
-                    .checked_mul(d)
-                    .ok_or_else(|| corrupt(format!("tensor '{name}' has dims {ne:?} that overflow")))?;
+                elems = elems.checked_mul(d).ok_or_else(|| {
+                    corrupt(format!("tensor '{name}' has dims {ne:?} that overflow"))
+                })?;
             }
             let block = dtype.block_size() as u64;
             if ne[0] % block != 0 {
@@ -622,7 +622,10 @@ impl GgufFile {
                 expected: expected.to_vec(),
             });
         }
-        Ok((info, &self.mmap[info.offset as usize..(info.offset + info.size) as usize]))
+        Ok((
+            info,
+            &self.mmap[info.offset as usize..(info.offset + info.size) as usize],
+        ))
     }
 
     /// Drops a tensor's mapped pages from the resident set once its bytes have been copied
@@ -645,7 +648,7 @@ impl GgufFile {
         let candle_err = |source| GgufError::Candle {
             path: self.path.clone(),
             name: name.to_string(),
-            source,
+            source: Box::new(source),
         };
         let storage = QStorage::from_data(std::borrow::Cow::Borrowed(data), device, info.dtype)
             .map_err(candle_err)?;
@@ -659,7 +662,10 @@ pub(crate) mod tests {
     use super::*;
 
     /// Builds a small GGUF image in memory: metadata and F32 tensors.
-    pub(crate) fn build_gguf(kv: &[(&str, Value)], tensors: &[(&str, Vec<u64>, Vec<f32>)]) -> Vec<u8> {
+    pub(crate) fn build_gguf(
+        kv: &[(&str, Value)],
+        tensors: &[(&str, Vec<u64>, Vec<f32>)],
+    ) -> Vec<u8> {
         fn put_str(out: &mut Vec<u8>, s: &str) {
             out.extend_from_slice(&(s.len() as u64).to_le_bytes());
             out.extend_from_slice(s.as_bytes());
@@ -710,14 +716,14 @@ pub(crate) mod tests {
             out.extend_from_slice(&offset.to_le_bytes());
             offset += (data.len() as u64 * 4).div_ceil(32) * 32;
         }
-        while out.len() % 32 != 0 {
+        while !out.len().is_multiple_of(32) {
             out.push(0);
         }
         for (_, _, data) in tensors {
             for x in data {
                 out.extend_from_slice(&x.to_le_bytes());
             }
-            while out.len() % 32 != 0 {
+            while !out.len().is_multiple_of(32) {
                 out.push(0);
             }
         }
@@ -751,9 +757,16 @@ pub(crate) mod tests {
         let g = GgufFile::open(f.path()).unwrap();
         assert_eq!(g.get_str("general.architecture", "").unwrap(), "llama");
         assert_eq!(g.get_u64("llama.block_count", "").unwrap(), 2);
-        assert_eq!(g.get_str_array("tokenizer.ggml.tokens", "").unwrap(), vec!["a", "b"]);
+        assert_eq!(
+            g.get_str_array("tokenizer.ggml.tokens", "").unwrap(),
+            vec!["a", "b"]
+        );
         let t = g.qtensor("w", &[2, 4], &Device::Cpu).unwrap();
-        let v = t.dequantize(&Device::Cpu).unwrap().to_vec2::<f32>().unwrap();
+        let v = t
+            .dequantize(&Device::Cpu)
+            .unwrap()
+            .to_vec2::<f32>()
+            .unwrap();
         assert_eq!(v, vec![vec![0., 1., 2., 3.], vec![4., 5., 6., 7.]]);
     }
 
@@ -776,15 +789,23 @@ pub(crate) mod tests {
 
         let f = write(&sample());
         let g = GgufFile::open(f.path()).unwrap();
-        let msg = g.qtensor("w", &[4, 2], &Device::Cpu).unwrap_err().to_string();
-        assert!(msg.contains("tensor 'w' has shape [2, 4], expected [4, 2]"), "{msg}");
+        let msg = g
+            .qtensor("w", &[4, 2], &Device::Cpu)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("tensor 'w' has shape [2, 4], expected [4, 2]"),
+            "{msg}"
+        );
 
         // Rewrite the type id of tensor 'w' (the u32 after its dims) to IQ2_XXS (16).
         let mut bytes = sample();
         let mut pattern = b"w".to_vec();
         pattern.extend_from_slice(&2u32.to_le_bytes());
         pattern.extend_from_slice(&4u64.to_le_bytes());
-        let pos = bytes.windows(pattern.len()).position(|w| w == pattern.as_slice());
+        let pos = bytes
+            .windows(pattern.len())
+            .position(|w| w == pattern.as_slice());
         let pos = pos.expect("tensor entry") + 1 + 4 + 16;
         bytes[pos..pos + 4].copy_from_slice(&16u32.to_le_bytes());
         let f = write(&bytes);

@@ -62,7 +62,11 @@ impl LlamaConfig {
             path: g.path().to_path_buf(),
             detail,
         };
-        if n_heads == 0 || n_kv_heads == 0 || hidden_size % n_heads != 0 || n_heads % n_kv_heads != 0 {
+        if n_heads == 0
+            || n_kv_heads == 0
+            || hidden_size % n_heads != 0
+            || n_heads % n_kv_heads != 0
+        {
             return Err(invalid(format!(
                 "inconsistent attention metadata: hidden {hidden_size}, heads {n_heads}, kv heads {n_kv_heads}"
             )));
@@ -134,9 +138,11 @@ impl Linear {
         let info = g.tensor_info(name, "the model's architecture requires it")?;
         if precision == Precision::Native && info.dtype == GgmlDType::Q4_1 && shape.len() == 2 {
             let (info, bytes) = g.tensor_data(name, shape)?;
-            let m = Q4_1Matrix::from_bytes(bytes, shape[0], shape[1]).ok_or_else(|| ModelError::Invalid {
-                path: g.path().to_path_buf(),
-                detail: format!("tensor '{name}' has a malformed Q4_1 layout"),
+            let m = Q4_1Matrix::from_bytes(bytes, shape[0], shape[1]).ok_or_else(|| {
+                ModelError::Invalid {
+                    path: g.path().to_path_buf(),
+                    detail: format!("tensor '{name}' has a malformed Q4_1 layout"),
+                }
             })?;
             g.release(info);
             return Ok(Linear::Q4_1(m));
@@ -238,11 +244,10 @@ impl Attention {
         let scale = 1.0 / (self.head_dim as f64).sqrt();
         let scores = (q.matmul(&k.t()?)? * scale)?.broadcast_add(mask)?;
         let probs = candle_nn::ops::softmax_last_dim(&scores)?;
-        let y = probs.matmul(&v)?.transpose(1, 2)?.reshape((
-            b,
-            t,
-            self.n_heads * self.head_dim,
-        ))?;
+        let y = probs
+            .matmul(&v)?
+            .transpose(1, 2)?
+            .reshape((b, t, self.n_heads * self.head_dim))?;
         self.wo.forward(&y)
     }
 

@@ -15,7 +15,9 @@ pub use gguf::{GgufError, GgufFile};
 pub use llama::{Llama, LlamaConfig};
 
 /// How weights are computed with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Precision {
     /// Quantized weights used as stored (llama.cpp's CPU path).
@@ -50,5 +52,11 @@ pub enum ModelError {
         detail: String,
     },
     #[error("tensor computation failed: {0}")]
-    Candle(#[from] candle_core::Error),
+    Candle(Box<candle_core::Error>),
+}
+
+impl From<candle_core::Error> for ModelError {
+    fn from(e: candle_core::Error) -> Self {
+        ModelError::Candle(Box::new(e))
+    }
 }

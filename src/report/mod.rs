@@ -17,6 +17,8 @@
 //! | `model`, `data` | paths, SHA-256 fingerprints, sizes, architecture, tokenizer |
 //! | `timings` | seconds for load, tokenize, eval, total; tokens/s |
 //! | `system` | threads, CPU features, peak RSS bytes |
+//! | `world` | backend, size (ranks), schedule |
+//! | `ranks[]` | per rank: host, windows, tokens, compute/comm/idle seconds, tokens/s, peak RSS |
 
 pub mod progress;
 
@@ -48,6 +50,17 @@ pub struct Results {
     pub windows: Vec<WindowRecord>,
     pub timings: Timings,
     pub system: SystemInfo,
+    pub world: WorldInfo,
+    /// Per-rank figures, by rank.
+    pub ranks: Vec<crate::dist::run::RankStats>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct WorldInfo {
+    /// "local" or "mpi".
+    pub backend: String,
+    pub size: usize,
+    pub schedule: crate::dist::schedule::Schedule,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -120,7 +133,10 @@ impl Results {
         if let Some(d) = dir {
             std::fs::create_dir_all(d)?;
         }
-        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
         let tmp = path.with_file_name(format!(".{name}.tmp-{}", std::process::id()));
         std::fs::write(&tmp, json)?;
         std::fs::rename(&tmp, path)
@@ -129,12 +145,19 @@ impl Results {
     /// Human-readable summary.
     pub fn summary(&self) -> String {
         let mut s = String::new();
-        let err = self.ppl_err.map(|e| format!(" ± {e:.4}")).unwrap_or_default();
+        let err = self
+            .ppl_err
+            .map(|e| format!(" ± {e:.4}"))
+            .unwrap_or_default();
         s += &format!("Final estimate: PPL = {:.4}{err}\n", self.ppl);
         if let Some([lo, hi]) = self.ci95 {
             s += &format!(
                 "95% CI (block bootstrap over {} blocks): [{lo:.4}, {hi:.4}]\n",
-                self.windows.iter().map(|w| w.group).collect::<std::collections::BTreeSet<_>>().len()
+                self.windows
+                    .iter()
+                    .map(|w| w.group)
+                    .collect::<std::collections::BTreeSet<_>>()
+                    .len()
             );
         }
         s += &format!(
@@ -143,8 +166,14 @@ impl Results {
             self.windows.len(),
             self.mean_nll
         );
-        if let (Some(w), Some(b), Some(bpb)) = (self.word_perplexity, self.byte_perplexity, self.bits_per_byte) {
-            s += &format!("word perplexity {w:.4}, byte perplexity {b:.6}, bits per byte {bpb:.6}\n");
+        if let (Some(w), Some(b), Some(bpb)) = (
+            self.word_perplexity,
+            self.byte_perplexity,
+            self.bits_per_byte,
+        ) {
+            s += &format!(
+                "word perplexity {w:.4}, byte perplexity {b:.6}, bits per byte {bpb:.6}\n"
+            );
         }
         let rss = self
             .system

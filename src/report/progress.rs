@@ -35,7 +35,12 @@ pub struct Progress {
 }
 
 impl Progress {
-    pub fn new(mode: ProgressMode, print_chunks: bool, total_windows: usize, total_tokens: usize) -> Self {
+    pub fn new(
+        mode: ProgressMode,
+        print_chunks: bool,
+        total_windows: usize,
+        total_tokens: usize,
+    ) -> Self {
         let tty = std::io::stderr().is_terminal();
         let (bar, lines) = match mode {
             ProgressMode::Auto if tty => (true, false),
@@ -47,8 +52,10 @@ impl Progress {
         let bar = bar.then(|| {
             let b = ProgressBar::new(total_windows as u64);
             b.set_style(
-                ProgressStyle::with_template("{bar:30.cyan/blue} {pos}/{len} windows {msg} ETA {eta}")
-                    .expect("valid template"),
+                ProgressStyle::with_template(
+                    "{bar:30.cyan/blue} {pos}/{len} windows {msg} ETA {eta}",
+                )
+                .expect("valid template"),
             );
             b
         });
@@ -75,7 +82,12 @@ impl Progress {
             self.done_windows += 1;
             self.done_tokens += w.input_tokens;
             if self.print_chunks {
-                let _ = write!(out, "[{}]{:.4},", w.index + 1, self.acc.perplexity().unwrap_or(f64::NAN));
+                let _ = write!(
+                    out,
+                    "[{}]{:.4},",
+                    w.index + 1,
+                    self.acc.perplexity().unwrap_or(f64::NAN)
+                );
             }
         }
         if self.print_chunks {
@@ -87,7 +99,10 @@ impl Progress {
         if let Some(b) = &self.bar {
             b.set_position(self.done_windows as u64);
             b.set_message(format!("{tps:.0} tok/s, PPL {ppl:.4}"));
-        } else if self.lines && (self.last_line.elapsed() >= self.line_every || self.done_windows == self.total_windows) {
+        } else if self.lines
+            && (self.last_line.elapsed() >= self.line_every
+                || self.done_windows == self.total_windows)
+        {
             self.last_line = Instant::now();
             let left = self.total_tokens.saturating_sub(self.done_tokens) as f64 / tps.max(1e-9);
             eprintln!(

@@ -51,7 +51,7 @@ type Result<T> = std::result::Result<T, TokenizeError>;
 
 enum Model {
     Bpe(Box<tokenizers::Tokenizer>),
-    Spm(spm::SpmModel),
+    Spm(Box<spm::SpmModel>),
 }
 
 /// A tokenizer equivalent to the one llama.cpp builds from the same GGUF file.
@@ -66,6 +66,8 @@ pub struct Tokenizer {
     pub kind: String,
     pub pre: Option<String>,
     pub vocab_size: usize,
+    /// SHA-256 over everything that determines the ids (vocabulary, merges or scores, flags).
+    pub fingerprint: String,
 }
 
 /// BPE pre-tokenizers ppl knows, by llama.cpp's `tokenizer.ggml.pre` name.
@@ -163,11 +165,12 @@ impl Tokenizer {
                     .transpose()?
                     .unwrap_or("default")
                     .to_string();
-                let pre_tok = bpe_pre_tokenizer(&pre).ok_or_else(|| TokenizeError::UnsupportedPre {
-                    path: g.path().to_path_buf(),
-                    pre: pre.clone(),
-                    supported: SUPPORTED_PRE,
-                })?;
+                let pre_tok =
+                    bpe_pre_tokenizer(&pre).ok_or_else(|| TokenizeError::UnsupportedPre {
+                        path: g.path().to_path_buf(),
+                        pre: pre.clone(),
+                        supported: SUPPORTED_PRE,
+                    })?;
                 let merges = g.get_str_array("tokenizer.ggml.merges", purpose)?;
                 let merges = merges
                     .iter()
@@ -202,7 +205,7 @@ impl Tokenizer {
                 let types = token_types.clone().unwrap_or_else(|| vec![1; tokens.len()]);
                 let unk = id("tokenizer.ggml.unknown_token_id")?;
                 (
-                    Model::Spm(spm::SpmModel::new(&tokens, &scores, &types, unk)),
+                    Model::Spm(Box::new(spm::SpmModel::new(&tokens, &scores, &types, unk))),
                     None,
                     true,
                     true,
@@ -215,14 +218,35 @@ impl Tokenizer {
                 })
             }
         };
-        let add_bos = g.get_bool("tokenizer.ggml.add_bos_token").unwrap_or(default_add_bos);
+        let add_bos = g
+            .get_bool("tokenizer.ggml.add_bos_token")
+            .unwrap_or(default_add_bos);
         let add_space_prefix = g
             .get_bool("tokenizer.ggml.add_space_prefix")
             .unwrap_or(default_space_prefix);
         if add_bos && bos_id.is_none() {
-            return Err(invalid("add_bos_token is set but bos_token_id is missing".into()));
+            return Err(invalid(
+                "add_bos_token is set but bos_token_id is missing".into(),
+            ));
         }
+        let fingerprint = {
+            use sha2::{Digest, Sha256};
+            let mut h = Sha256::new();
+            h.update(
+                format!("{kind}\0{pre:?}\0{add_bos}\0{add_space_prefix}\0{bos_id:?}\0").as_bytes(),
+            );
+            for key in [
+                "tokenizer.ggml.tokens",
+                "tokenizer.ggml.merges",
+                "tokenizer.ggml.scores",
+                "tokenizer.ggml.token_type",
+            ] {
+                h.update(format!("{:?}", g.get(key)).as_bytes());
+            }
+            crate::fingerprint::hex(&h.finalize())
+        };
         Ok(Self {
+            fingerprint,
             model,
             user_defined,
             add_space_prefix,

@@ -98,7 +98,14 @@ impl SpmModel {
         let mut queue = BinaryHeap::new();
         let mut rev_merge: HashMap<&str, (usize, usize)> = HashMap::new();
         for i in 1..symbols.len() {
-            self.try_add(i as isize - 1, i as isize, &symbols, &mut queue, &mut rev_merge, &text);
+            self.try_add(
+                i as isize - 1,
+                i as isize,
+                &symbols,
+                &mut queue,
+                &mut rev_merge,
+                &text,
+            );
         }
         while let Some(b) = queue.pop() {
             let (l, r) = (symbols[b.left], symbols[b.right]);
@@ -113,8 +120,22 @@ impl SpmModel {
             }
             let prev = symbols[b.left].prev;
             let next = symbols[b.left].next;
-            self.try_add(prev, b.left as isize, &symbols, &mut queue, &mut rev_merge, &text);
-            self.try_add(b.left as isize, next, &symbols, &mut queue, &mut rev_merge, &text);
+            self.try_add(
+                prev,
+                b.left as isize,
+                &symbols,
+                &mut queue,
+                &mut rev_merge,
+                &text,
+            );
+            self.try_add(
+                b.left as isize,
+                next,
+                &symbols,
+                &mut queue,
+                &mut rev_merge,
+                &text,
+            );
         }
         let mut i: isize = 0;
         while i != -1 {
@@ -185,7 +206,16 @@ mod tests {
 
     #[test]
     fn merges_by_score_and_falls_back_to_bytes() {
-        let tokens = ["<unk>", "\u{2581}", "a", "b", "ab", "\u{2581}ab", "<0x63>", "bb"];
+        let tokens = [
+            "<unk>",
+            "\u{2581}",
+            "a",
+            "b",
+            "ab",
+            "\u{2581}ab",
+            "<0x63>",
+            "bb",
+        ];
         let scores = [0.0, -1.0, -2.0, -2.0, -0.5, -0.1, 0.0, -0.2];
         let m = SpmModel::new(&tokens, &scores, &[1; 8], Some(0));
         let mut out = Vec::new();

@@ -25,7 +25,8 @@ pub fn wikitext() -> PathBuf {
 
 pub fn reference(name: &str) -> serde_json::Value {
     let p = shared().join("reference").join(name);
-    let bytes = std::fs::read(&p).unwrap_or_else(|e| panic!("reference file {} missing: {e}", p.display()));
+    let bytes =
+        std::fs::read(&p).unwrap_or_else(|e| panic!("reference file {} missing: {e}", p.display()));
     serde_json::from_slice(&bytes).unwrap()
 }
 

@@ -36,7 +36,7 @@ pub struct Q8_1Rows {
 impl Q4_1Matrix {
     /// From GGUF Q4_1 bytes of a `[n, k]` tensor.
     pub fn from_bytes(bytes: &[u8], n: usize, k: usize) -> Option<Self> {
-        if k % BLOCK != 0 || bytes.len() != n * k / BLOCK * BLOCK_BYTES {
+        if !k.is_multiple_of(BLOCK) || bytes.len() != n * k / BLOCK * BLOCK_BYTES {
             return None;
         }
         let nb = n * k / BLOCK;
@@ -125,7 +125,14 @@ pub fn quantize_rows(x: &[f32], m: usize, k: usize) -> Q8_1Rows {
 }
 
 /// Dots of one weight column with `take` (≤ 4) consecutive activation rows.
-fn dot_rows(wdm: &[[f32; 2]], wqs: &[[u8; 16]], a: &Q8_1Rows, row: usize, take: usize, res: &mut [f32; 4]) {
+fn dot_rows(
+    wdm: &[[f32; 2]],
+    wqs: &[[u8; 16]],
+    a: &Q8_1Rows,
+    row: usize,
+    take: usize,
+    res: &mut [f32; 4],
+) {
     #[cfg(target_arch = "x86_64")]
     {
         if avx2_available() {
@@ -224,7 +231,9 @@ mod tests {
     use super::*;
 
     fn lcg(seed: &mut u64) -> f32 {
-        *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        *seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
     }
 
@@ -275,8 +284,20 @@ mod tests {
             for r in 0..m {
                 for j in 0..n {
                     let (g, e) = (got[r * n + j] as f64, want[r * n + j]);
-                    assert!((g - e).abs() <= 1e-4 * (1.0 + e.abs()), "({m},{n},{k}) [{r},{j}] {g} vs {e}");
-                    assert_eq!(got[r * n + j].to_bits(), dot_portable(&w.dm[j * (k / 32)..(j + 1) * (k / 32)], &w.qs[j * (k / 32)..(j + 1) * (k / 32)], &a, r).to_bits());
+                    assert!(
+                        (g - e).abs() <= 1e-4 * (1.0 + e.abs()),
+                        "({m},{n},{k}) [{r},{j}] {g} vs {e}"
+                    );
+                    assert_eq!(
+                        got[r * n + j].to_bits(),
+                        dot_portable(
+                            &w.dm[j * (k / 32)..(j + 1) * (k / 32)],
+                            &w.qs[j * (k / 32)..(j + 1) * (k / 32)],
+                            &a,
+                            r
+                        )
+                        .to_bits()
+                    );
                 }
             }
         }

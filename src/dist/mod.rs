@@ -1,0 +1,157 @@
+//! Distribution: a small [`Communicator`] abstraction with two backends, and the data-parallel
+//! protocol built on it.
+//!
+//! - [`local`]: N ranks as threads of one process, sharing one read-only copy of the weights
+//!   (`ppl eval --ranks N`, the default backend).
+//! - `mpi` (cargo feature `mpi`): one rank per MPI process (`mpirun -np N ppl eval …`).
+//!
+//! Backends implement point-to-point messages of bytes; the collectives (barrier, broadcast,
+//! gather, all-gather, an exact integer all-reduce) are built once on top of them, in
+//! [`Communicator`]'s provided methods. Everything above ([`schedule`], [`agreement`], the
+//! data-parallel run in [`crate::pipeline`]) only sees the trait.
+
+pub mod agreement;
+pub mod local;
+#[cfg(feature = "mpi")]
+pub mod mpi;
+pub mod run;
+pub mod schedule;
+
+use std::time::Duration;
+
+/// Tags keep the protocol's message streams apart.
+pub mod tag {
+    pub const COLLECTIVE: u32 = 1;
+    pub const BROADCAST: u32 = 2;
+    pub const TO_ROOT: u32 = 10;
+    pub const ASSIGN: u32 = 11;
+}
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum CommError {
+    #[error("rank {rank} ({host}) failed: {reason}")]
+    RankFailed {
+        rank: usize,
+        host: String,
+        reason: String,
+    },
+    #[error("no message from rank {peer} within {seconds} s (rank {rank} waited); a rank may have died or hung: check its log, the network and firewall, and re-run")]
+    Timeout {
+        rank: usize,
+        peer: String,
+        seconds: u64,
+    },
+    #[error("communication failure: {0}")]
+    Transport(String),
+    #[error("malformed message from rank {from}: {detail}")]
+    Protocol { from: usize, detail: String },
+}
+
+/// Point-to-point messaging between ranks, plus collectives derived from it.
+pub trait Communicator: Send + Sync {
+    fn rank(&self) -> usize;
+    fn size(&self) -> usize;
+    /// Host name of this rank.
+    fn host(&self) -> String;
+    /// Backend name ("local", "mpi").
+    fn backend(&self) -> &'static str;
+
+    fn send(&self, dest: usize, tag: u32, data: Vec<u8>) -> Result<(), CommError>;
+    fn recv(&self, src: usize, tag: u32) -> Result<Vec<u8>, CommError>;
+    /// The next message with `tag` from any rank.
+    fn recv_any(&self, tag: u32) -> Result<(usize, Vec<u8>), CommError>;
+    /// A pending message with `tag` from any rank, without waiting.
+    fn try_recv_any(&self, tag: u32) -> Result<Option<(usize, Vec<u8>)>, CommError>;
+    /// Tells the other ranks that this one failed, so nobody waits for it.
+    fn abort(&self, reason: &str);
+
+    /// Everyone's bytes at `root` (in rank order); `None` elsewhere.
+    fn gather(&self, root: usize, data: Vec<u8>) -> Result<Option<Vec<Vec<u8>>>, CommError> {
+        if self.rank() != root {
+            self.send(root, tag::COLLECTIVE, data)?;
+            return Ok(None);
+        }
+        let mut own = Some(data);
+        let mut out = Vec::with_capacity(self.size());
+        for r in 0..self.size() {
+            out.push(if r == root {
+                own.take().unwrap_or_default()
+            } else {
+                self.recv(r, tag::COLLECTIVE)?
+            });
+        }
+        Ok(Some(out))
+    }
+
+    /// `root`'s bytes on every rank.
+    fn broadcast(&self, root: usize, data: Vec<u8>) -> Result<Vec<u8>, CommError> {
+        if self.rank() == root {
+            for r in (0..self.size()).filter(|&r| r != root) {
+                self.send(r, tag::BROADCAST, data.clone())?;
+            }
+            Ok(data)
+        } else {
+            self.recv(root, tag::BROADCAST)
+        }
+    }
+
+    fn all_gather(&self, data: Vec<u8>) -> Result<Vec<Vec<u8>>, CommError> {
+        let gathered = self.gather(0, data)?;
+        let bytes = match gathered {
+            Some(all) => serde_json::to_vec(&all).expect("bytes serialize"),
+            None => Vec::new(),
+        };
+        let all = self.broadcast(0, bytes)?;
+        serde_json::from_slice(&all).map_err(|e| CommError::Protocol {
+            from: 0,
+            detail: e.to_string(),
+        })
+    }
+
+    fn barrier(&self) -> Result<(), CommError> {
+        self.all_gather(Vec::new()).map(|_| ())
+    }
+
+    /// Exact element-wise sum of integers over all ranks.
+    fn all_reduce_sum_i128(&self, values: &[i128]) -> Result<Vec<i128>, CommError> {
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let all = self.all_gather(bytes)?;
+        let mut sum = vec![0i128; values.len()];
+        for (r, b) in all.iter().enumerate() {
+            if b.len() != values.len() * 16 {
+                return Err(CommError::Protocol {
+                    from: r,
+                    detail: format!(
+                        "all-reduce of {} values got {} bytes",
+                        values.len(),
+                        b.len()
+                    ),
+                });
+            }
+            for (s, chunk) in sum.iter_mut().zip(b.chunks_exact(16)) {
+                *s += i128::from_le_bytes(chunk.try_into().expect("16 bytes"));
+            }
+        }
+        Ok(sum)
+    }
+}
+
+/// How long a rank waits for a message before declaring its peer lost
+/// (`PPL_COMM_TIMEOUT` seconds, default 600).
+pub fn comm_timeout() -> Duration {
+    let secs = std::env::var("PPL_COMM_TIMEOUT")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(600);
+    Duration::from_secs(secs)
+}
+
+/// This machine's host name.
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "unknown-host".to_string())
+}

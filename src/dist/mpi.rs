@@ -1,0 +1,145 @@
+//! The `mpi` backend (cargo feature `mpi`): one rank per MPI process, through rsmpi over
+//! OpenMPI or MPICH. Start it with `mpirun -np N ppl eval …`, `srun ppl eval …` or
+//! `ppl launch`.
+//!
+//! Receives poll with a non-blocking matched probe, so that a lost peer becomes a timeout
+//! error naming it (`PPL_COMM_TIMEOUT`) instead of a hang, and `abort` ends the whole job.
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use mpi::environment::Universe;
+use mpi::topology::SimpleCommunicator;
+use mpi::traits::*;
+
+use super::{comm_timeout, hostname, CommError, Communicator};
+
+pub struct MpiComm {
+    // Kept alive for the life of the communicator: dropping it finalises MPI.
+    _universe: Universe,
+    world: SimpleCommunicator,
+    /// MPI is initialised with `Threading::Serialized`: one call at a time.
+    lock: Mutex<()>,
+    host: String,
+}
+
+// SAFETY: every MPI call goes through `lock`, which is what the Serialized threading level
+// requires; the handles themselves are plain integers/pointers owned by the MPI library.
+unsafe impl Send for MpiComm {}
+unsafe impl Sync for MpiComm {}
+
+impl MpiComm {
+    pub fn init() -> Result<Self, CommError> {
+        let (universe, _level) = mpi::initialize_with_threading(mpi::Threading::Serialized)
+            .ok_or_else(|| {
+                CommError::Transport(
+                    "MPI could not be initialised (already initialised in this process?)".into(),
+                )
+            })?;
+        let world = universe.world();
+        let host = mpi::environment::processor_name().unwrap_or_else(|_| hostname());
+        Ok(Self {
+            _universe: universe,
+            world,
+            lock: Mutex::new(()),
+            host,
+        })
+    }
+
+    /// The MPI library's version string.
+    pub fn library_version() -> String {
+        mpi::environment::library_version().unwrap_or_else(|_| "unknown".into())
+    }
+
+    fn poll<T>(&self, peer: &str, mut f: impl FnMut() -> Option<T>) -> Result<T, CommError> {
+        let deadline = Instant::now() + comm_timeout();
+        let mut spins = 0u32;
+        loop {
+            if let Some(v) = f() {
+                return Ok(v);
+            }
+            if Instant::now() >= deadline {
+                return Err(CommError::Timeout {
+                    rank: self.rank(),
+                    peer: peer.to_string(),
+                    seconds: comm_timeout().as_secs(),
+                });
+            }
+            spins += 1;
+            if spins > 1000 {
+                std::thread::sleep(Duration::from_micros(200));
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+    }
+}
+
+impl Communicator for MpiComm {
+    fn rank(&self) -> usize {
+        self.world.rank() as usize
+    }
+    fn size(&self) -> usize {
+        self.world.size() as usize
+    }
+    fn host(&self) -> String {
+        self.host.clone()
+    }
+    fn backend(&self) -> &'static str {
+        "mpi"
+    }
+
+    fn send(&self, dest: usize, tag: u32, data: Vec<u8>) -> Result<(), CommError> {
+        if dest >= self.size() {
+            return Err(CommError::Transport(format!(
+                "send to rank {dest} of {}",
+                self.size()
+            )));
+        }
+        let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        self.world
+            .process_at_rank(dest as i32)
+            .send_with_tag(&data[..], tag as i32);
+        Ok(())
+    }
+
+    fn recv(&self, src: usize, tag: u32) -> Result<Vec<u8>, CommError> {
+        self.poll(&src.to_string(), || {
+            let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+            let (msg, _) = self
+                .world
+                .process_at_rank(src as i32)
+                .immediate_matched_probe_with_tag(tag as i32)?;
+            Some(msg.matched_receive_vec::<u8>().0)
+        })
+    }
+
+    fn recv_any(&self, tag: u32) -> Result<(usize, Vec<u8>), CommError> {
+        self.poll("any", || self.try_probe_any(tag))
+    }
+
+    fn try_recv_any(&self, tag: u32) -> Result<Option<(usize, Vec<u8>)>, CommError> {
+        Ok(self.try_probe_any(tag))
+    }
+
+    fn abort(&self, reason: &str) {
+        eprintln!(
+            "error: rank {} ({}): {reason}; aborting the MPI job",
+            self.rank(),
+            self.host
+        );
+        self.world.abort(1);
+    }
+}
+
+impl MpiComm {
+    fn try_probe_any(&self, tag: u32) -> Option<(usize, Vec<u8>)> {
+        let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        let (msg, status) = self
+            .world
+            .any_process()
+            .immediate_matched_probe_with_tag(tag as i32)?;
+        let src = status.source_rank() as usize;
+        Some((src, msg.matched_receive_vec::<u8>().0))
+    }
+}

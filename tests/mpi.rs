@@ -1,0 +1,116 @@
+//! The `mpi` backend under `mpirun` (cargo feature `mpi`; CI installs OpenMPI).
+#![cfg(feature = "mpi")]
+
+mod common;
+
+use std::process::Command;
+
+use ppl::report::Results;
+
+fn mpirun() -> Command {
+    let mut c = Command::new("mpirun");
+    c.args(["--oversubscribe", "--bind-to", "none"]);
+    c.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    c
+}
+
+fn ppl() -> String {
+    assert_cmd::cargo::cargo_bin("ppl").display().to_string()
+}
+
+fn eval_args(data: &std::path::Path, out: &std::path::Path, extra: &[&str]) -> Vec<String> {
+    let mut v = vec![
+        ppl(),
+        "eval".into(),
+        "--model".into(),
+        common::model().display().to_string(),
+        "--data".into(),
+        data.display().to_string(),
+        "--ctx".into(),
+        "256".into(),
+        "--chunks".into(),
+        "12".into(),
+        "--precision".into(),
+        "f32".into(),
+        "--threads".into(),
+        "1".into(),
+        "--progress".into(),
+        "none".into(),
+        "--output".into(),
+        out.display().to_string(),
+    ];
+    v.extend(extra.iter().map(|s| s.to_string()));
+    v
+}
+
+#[test]
+fn mpirun_world_sizes_give_the_single_process_bits() {
+    let base = common::eval(&["--ctx", "256", "--chunks", "12", "--precision", "f32"]);
+    let dir = tempfile::tempdir().unwrap();
+    for np in ["1", "2", "3"] {
+        for schedule in ["static", "dynamic"] {
+            let out = dir.path().join(format!("r{np}{schedule}.json"));
+            let st = mpirun()
+                .args(["-np", np])
+                .args(eval_args(
+                    &common::wikitext(),
+                    &out,
+                    &["--schedule", schedule],
+                ))
+                .output()
+                .unwrap();
+            assert!(
+                st.status.success(),
+                "mpirun -np {np}: {}",
+                String::from_utf8_lossy(&st.stderr)
+            );
+            let r: Results = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+            assert_eq!(r.world.backend, "mpi");
+            assert_eq!(r.world.size, np.parse::<usize>().unwrap());
+            assert_eq!(
+                r.ppl.to_bits(),
+                base.ppl.to_bits(),
+                "np {np} {schedule}: {} vs {}",
+                r.ppl,
+                base.ppl
+            );
+            assert_eq!(r.ppl_err.map(f64::to_bits), base.ppl_err.map(f64::to_bits));
+            assert_eq!(
+                r.ci95.map(|c| c.map(f64::to_bits)),
+                base.ci95.map(|c| c.map(f64::to_bits))
+            );
+            assert_eq!(r.accumulator, base.accumulator);
+            assert_eq!(r.ranks.iter().map(|s| s.windows).sum::<usize>(), 12);
+        }
+    }
+}
+
+#[test]
+fn mpirun_rank_with_a_different_data_file_stops_the_job() {
+    let dir = tempfile::tempdir().unwrap();
+    let other = dir.path().join("other.txt");
+    let mut text = std::fs::read_to_string(common::wikitext()).unwrap();
+    text.push_str("\nOnly on the second node.\n");
+    std::fs::write(&other, text).unwrap();
+    let out = dir.path().join("r.json");
+    // MPMD launch: rank 0 reads wikitext, rank 1 another file.
+    let st = mpirun()
+        .args(["-np", "1"])
+        .args(eval_args(&common::wikitext(), &out, &[]))
+        .arg(":")
+        .args(["-np", "1"])
+        .args(eval_args(&other, &out, &[]))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&st.stderr);
+    assert!(!st.status.success());
+    assert!(
+        stderr.contains("rank 1 (")
+            && stderr.contains("different data file")
+            && stderr.contains("other.txt"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(!out.exists());
+}
