@@ -9,8 +9,9 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use mpi::environment::Universe;
+use mpi::point_to_point::MatchedReceiveVec;
 use mpi::topology::SimpleCommunicator;
-use mpi::traits::*;
+use mpi::traits::{Communicator as _, Destination, Source};
 
 use super::{comm_timeout, hostname, CommError, Communicator};
 
@@ -106,11 +107,11 @@ impl Communicator for MpiComm {
     fn recv(&self, src: usize, tag: u32) -> Result<Vec<u8>, CommError> {
         self.poll(&src.to_string(), || {
             let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
-            let (msg, _) = self
+            let matched = self
                 .world
                 .process_at_rank(src as i32)
                 .immediate_matched_probe_with_tag(tag as i32)?;
-            Some(msg.matched_receive_vec::<u8>().0)
+            Some(matched.matched_receive_vec::<u8>().0)
         })
     }
 
@@ -140,6 +141,6 @@ impl MpiComm {
             .any_process()
             .immediate_matched_probe_with_tag(tag as i32)?;
         let src = status.source_rank() as usize;
-        Some((src, msg.matched_receive_vec::<u8>().0))
+        Some((src, (msg, status).matched_receive_vec::<u8>().0))
     }
 }

@@ -4,6 +4,8 @@
 //! are then summed exactly there, so nothing depends on the world size or on who scored what.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
@@ -129,7 +131,7 @@ pub fn run(
     batch_size: usize,
     sched: Schedule,
     threads: usize,
-    mut on_results: impl FnMut(&[WindowResult]),
+    mut on_results: impl FnMut(&[WindowResult]) + Send,
 ) -> Result<Option<Gathered>, RunError> {
     let mut clock = Clock {
         stats: RankStats {
@@ -171,51 +173,71 @@ pub fn run(
     }
 }
 
-/// Rank 0's bookkeeping while it scores and serves.
-struct RootState {
-    queue: VecDeque<Vec<usize>>,
-    results: Vec<WindowResult>,
-    ranks: Vec<RankStats>,
-    finals: usize,
-    sched: Schedule,
+/// What rank 0's server thread and its compute loop share.
+struct Shared<'a> {
+    queue: Mutex<VecDeque<Vec<usize>>>,
+    results: Mutex<Vec<WindowResult>>,
+    on_results: Mutex<&'a mut (dyn FnMut(&[WindowResult]) + Send)>,
+    /// Set when a worker failed: rank 0 stops taking units.
+    stop: AtomicBool,
 }
 
-impl RootState {
-    fn handle(
-        &mut self,
-        comm: &dyn Communicator,
-        clock: &mut Clock,
-        src: usize,
-        bytes: Vec<u8>,
-        on_results: &mut dyn FnMut(&[WindowResult]),
-    ) -> Result<(), RunError> {
+impl Shared<'_> {
+    fn deliver(&self, r: Vec<WindowResult>) {
+        (self.on_results.lock().unwrap_or_else(|e| e.into_inner()))(&r);
+        self.results
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend(r);
+    }
+}
+
+/// Rank 0's server: answers work requests and collects records and statistics until every
+/// other rank has sent its final statistics. Runs beside rank 0's own compute loop, so a
+/// request is answered at once even while rank 0 is in a long forward pass.
+fn serve(
+    comm: &dyn Communicator,
+    sched: Schedule,
+    shared: &Shared<'_>,
+) -> Result<(Vec<RankStats>, f64), RunError> {
+    let size = comm.size();
+    let mut ranks = vec![RankStats::default(); size];
+    let mut finals = 0;
+    let mut comm_s = 0.0;
+    while finals < size - 1 {
+        let (src, bytes) = comm.recv_any(tag::TO_ROOT)?;
+        let t = Instant::now();
         match decode::<ToRoot>(src, &bytes)? {
-            ToRoot::Results(r) => {
-                on_results(&r);
-                self.results.extend(r);
-            }
+            ToRoot::Results(r) => shared.deliver(r),
             ToRoot::Request => {
-                let a = match self.sched {
-                    Schedule::Dynamic => self.queue.pop_front().map_or(Assign::Done, Assign::Work),
+                let a = match sched {
+                    Schedule::Dynamic => shared
+                        .queue
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .pop_front()
+                        .map_or(Assign::Done, Assign::Work),
                     Schedule::Static => Assign::Done,
                 };
-                clock.comm(|| comm.send(src, tag::ASSIGN, encode(&a)))?;
+                comm.send(src, tag::ASSIGN, encode(&a))?;
             }
             ToRoot::Final(stats) => {
-                self.ranks[src] = stats;
-                self.finals += 1;
+                ranks[src] = stats;
+                finals += 1;
             }
             ToRoot::Failed(reason) => {
+                shared.stop.store(true, Ordering::Relaxed);
                 return Err(CommError::RankFailed {
                     rank: src,
                     host: "see its log".into(),
                     reason,
                 }
-                .into())
+                .into());
             }
         }
-        Ok(())
+        comm_s += t.elapsed().as_secs_f64();
     }
+    Ok((ranks, comm_s))
 }
 
 fn root(
@@ -225,7 +247,7 @@ fn root(
     batch_size: usize,
     sched: Schedule,
     clock: &mut Clock,
-    on_results: &mut dyn FnMut(&[WindowResult]),
+    on_results: &mut (dyn FnMut(&[WindowResult]) + Send),
 ) -> Result<Option<Gathered>, RunError> {
     let size = comm.size();
     let queue = match sched {
@@ -239,29 +261,50 @@ fn root(
             schedule::units(windows, &all, batch_size)
         }
     };
-    let mut st = RootState {
-        queue,
-        results: Vec::with_capacity(windows.len()),
-        ranks: vec![RankStats::default(); size],
-        finals: 0,
-        sched,
+    let shared = Shared {
+        queue: Mutex::new(queue),
+        results: Mutex::new(Vec::with_capacity(windows.len())),
+        on_results: Mutex::new(on_results),
+        stop: AtomicBool::new(false),
     };
-    loop {
-        while let Some((src, bytes)) = clock.comm(|| comm.try_recv_any(tag::TO_ROOT))? {
-            st.handle(comm, clock, src, bytes, on_results)?;
+    let served = std::thread::scope(|s| -> Result<Vec<RankStats>, RunError> {
+        let server = (size > 1).then(|| s.spawn(|| serve(comm, sched, &shared)));
+        let own: Result<(), RunError> = (|| {
+            while !shared.stop.load(Ordering::Relaxed) {
+                let unit = shared
+                    .queue
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .pop_front();
+                let Some(unit) = unit else { break };
+                let r = clock.compute(model, windows, &unit)?;
+                shared.deliver(r);
+            }
+            Ok(())
+        })();
+        if let Err(e) = own {
+            // Wake the server (and every rank) before leaving.
+            comm.abort(&e.to_string());
+            if let Some(h) = server {
+                let _ = h.join();
+            }
+            return Err(e);
         }
-        let Some(unit) = st.queue.pop_front() else {
-            break;
-        };
-        let r = clock.compute(model, windows, &unit)?;
-        on_results(&r);
-        st.results.extend(r);
-    }
-    while st.finals < size - 1 {
-        let (src, bytes) = clock.idle(|| comm.recv_any(tag::TO_ROOT))?;
-        st.handle(comm, clock, src, bytes, on_results)?;
-    }
-    let mut results = st.results;
+        match server {
+            None => Ok(vec![RankStats::default()]),
+            Some(h) => {
+                let (ranks, comm_s) = clock.idle(|| h.join()).map_err(|_| {
+                    CommError::Transport("rank 0's server thread panicked".into())
+                })??;
+                clock.stats.comm_s += comm_s;
+                Ok(ranks)
+            }
+        }
+    })?;
+    let mut results = shared
+        .results
+        .into_inner()
+        .unwrap_or_else(|e| e.into_inner());
     results.sort_by_key(|r| r.index);
     if results.len() != windows.len() || results.iter().enumerate().any(|(i, r)| r.index != i) {
         return Err(CommError::Protocol {
@@ -276,7 +319,7 @@ fn root(
     }
     Ok(Some(Gathered {
         results,
-        ranks: st.ranks,
+        ranks: served,
     }))
 }
 
