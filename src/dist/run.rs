@@ -173,11 +173,14 @@ pub fn run(
     }
 }
 
+/// The callback that sees window records as they reach rank 0.
+type OnResults<'a> = &'a mut (dyn FnMut(&[WindowResult]) + Send);
+
 /// What rank 0's server thread and its compute loop share.
 struct Shared<'a> {
     queue: Mutex<VecDeque<Vec<usize>>>,
     results: Mutex<Vec<WindowResult>>,
-    on_results: Mutex<&'a mut (dyn FnMut(&[WindowResult]) + Send)>,
+    on_results: Mutex<OnResults<'a>>,
     /// Set when a worker failed: rank 0 stops taking units.
     stop: AtomicBool,
 }
@@ -247,7 +250,7 @@ fn root(
     batch_size: usize,
     sched: Schedule,
     clock: &mut Clock,
-    on_results: &mut (dyn FnMut(&[WindowResult]) + Send),
+    on_results: OnResults<'_>,
 ) -> Result<Option<Gathered>, RunError> {
     let size = comm.size();
     let queue = match sched {
