@@ -384,9 +384,13 @@ pub fn run_rank(
             input_tokens: r.input_tokens,
             tokens: r.acc.count,
             nll_sum: r.acc.nll_sum(),
+            nll_sum_sq: crate::eval::accumulator::from_fixed(r.acc.sum_sq),
+            rank: r.rank,
+            finished_s: r.finished_s,
             nll_sum_fixed: r.acc.sum,
         })
         .collect();
+    let hardest = hardest_windows(&plan.windows, &results, &setup.tok, HARDEST);
     let mut tensor_types = BTreeMap::new();
     for t in setup.gguf.tensors.values() {
         *tensor_types
@@ -432,6 +436,7 @@ pub fn run_rank(
             tensor_types,
             tokenizer: tok.kind.clone(),
             tokenizer_pre: tok.pre.clone(),
+            tokenizer_sha256: tok.fingerprint.clone(),
             add_bos: tok.add_bos,
         },
         data: DataInfo {
@@ -466,7 +471,45 @@ pub fn run_rank(
             schedule: cfg.schedule,
         },
         ranks: gathered.ranks,
+        hardest,
     }))
+}
+
+/// Windows listed in `results.json` under `hardest`.
+const HARDEST: usize = 10;
+/// Scored tokens decoded into each excerpt.
+const EXCERPT_TOKENS: usize = 40;
+
+/// The `n` windows with the highest mean NLL, with the start of the text each one scored.
+fn hardest_windows(
+    windows: &[windows::Window],
+    results: &[crate::eval::WindowResult],
+    tok: &Tokenizer,
+    n: usize,
+) -> Vec<crate::report::HardWindow> {
+    let mut order: Vec<usize> = (0..results.len())
+        .filter(|&i| results[i].acc.count > 0)
+        .collect();
+    order.sort_by(|&a, &b| {
+        let (ma, mb) = (
+            results[a].acc.mean().unwrap_or(0.0),
+            results[b].acc.mean().unwrap_or(0.0),
+        );
+        mb.total_cmp(&ma).then(a.cmp(&b))
+    });
+    order
+        .into_iter()
+        .take(n)
+        .map(|i| {
+            let w = &windows[i];
+            let ids = &w.targets[..w.targets.len().min(EXCERPT_TOKENS)];
+            crate::report::HardWindow {
+                index: i,
+                mean_nll: results[i].acc.mean().unwrap_or(f64::NAN),
+                excerpt: tok.decode(ids),
+            }
+        })
+        .collect()
 }
 
 /// Threads each of `ranks` ranks gets out of `threads` (at least one).

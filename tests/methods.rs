@@ -20,6 +20,10 @@ fn stride_matches_the_hugging_face_guide_within_0_05_percent() {
         "f32",
         "--batch-size",
         "4",
+        "--ranks",
+        "2",
+        "--threads",
+        "2",
     ]);
     let refs = common::reference("smollm2-135m.wikitext2.ppl.json");
     let want = refs["hf_stride"]["ppl_exact_count"].as_f64().unwrap();

@@ -11,7 +11,18 @@ fn rel(a: f64, b: f64) -> f64 {
 
 #[test]
 fn native_matches_llama_cpp_within_0_2_percent() {
-    let r = eval(&["--ctx", "512", "--chunks", "40"]);
+    // Two local ranks of one thread each: the fastest layout on two cores, and bit-identical
+    // to one rank (tests/distributed.rs).
+    let r = eval(&[
+        "--ctx",
+        "512",
+        "--chunks",
+        "40",
+        "--ranks",
+        "2",
+        "--threads",
+        "2",
+    ]);
     let refs = reference("smollm2-135m.wikitext2.ppl.json");
     let want = refs["llamacpp_q4_1"]["ppl"].as_f64().unwrap();
     let want_err = refs["llamacpp_q4_1"]["ppl_err"].as_f64().unwrap();
@@ -42,6 +53,10 @@ fn f32_matches_pytorch_within_0_05_percent() {
         "f32",
         "--batch-size",
         "4",
+        "--ranks",
+        "2",
+        "--threads",
+        "2",
     ]);
     let refs = reference("smollm2-135m.wikitext2.ppl.json");
     let want = refs["torch_f32"]["ppl"].as_f64().unwrap();

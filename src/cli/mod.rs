@@ -15,7 +15,9 @@ use crate::data::Method;
 use crate::dist::schedule::Schedule;
 use crate::model::{fetch, GgufFile, Precision};
 use crate::pipeline::{self, EvalConfig, RunOptions};
+use crate::report::compare::NamedRun;
 use crate::report::progress::ProgressMode;
+use crate::report::{self, Format};
 use crate::tokenize::Tokenizer;
 
 #[derive(Debug, Parser)]
@@ -44,6 +46,21 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Start a multi-process run through mpirun (torchrun-style flags).
     Launch(launch::LaunchArgs),
+    /// Render results.json files: an HTML report, or a summary/comparison (md, txt, json).
+    Report(ReportArgs),
+}
+
+#[derive(Debug, Args)]
+struct ReportArgs {
+    /// One results.json (a report) or several (a comparison against the first).
+    #[arg(required = true)]
+    results: Vec<PathBuf>,
+    /// Output file [default: html next to the first input; other formats to stdout].
+    #[arg(short, long)]
+    output: Option<PathBuf>,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Html)]
+    format: Format,
 }
 
 #[derive(Debug, Args, Clone)]
@@ -105,6 +122,9 @@ pub struct EvalArgs {
     /// Progress display on stderr.
     #[arg(long, value_enum, default_value_t = ProgressMode::Auto)]
     progress: ProgressMode,
+    /// Also write the HTML report [default path: --output with .html, else report.html].
+    #[arg(long, num_args = 0..=1, value_name = "PATH")]
+    report: Option<Option<PathBuf>>,
     /// No progress and no summary (the JSON file still gets written).
     #[arg(short, long)]
     quiet: bool,
@@ -302,6 +322,28 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     format!("cannot write results to {} (--output)", out.display())
                 })?;
             }
+            if let Some(path) = &args.report {
+                let path = path.clone().unwrap_or_else(|| {
+                    args.output.as_ref().map_or_else(
+                        || PathBuf::from("report.html"),
+                        |o| o.with_extension("html"),
+                    )
+                });
+                let name = args
+                    .output
+                    .as_ref()
+                    .map_or("this run".to_string(), |o| o.display().to_string());
+                let html = report::render(
+                    Format::Html,
+                    &[NamedRun {
+                        name,
+                        results: results.clone(),
+                    }],
+                );
+                std::fs::write(&path, html).with_context(|| {
+                    format!("cannot write the report to {} (--report)", path.display())
+                })?;
+            }
             if !args.quiet {
                 print!("{}", results.summary());
             }
@@ -328,6 +370,39 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Bench(args) => bench::run(args),
         Command::Launch(args) => launch::run(args),
+        Command::Report(args) => {
+            let runs = args
+                .results
+                .iter()
+                .map(|p| {
+                    Ok(NamedRun {
+                        name: p.display().to_string(),
+                        results: report::load(p).map_err(anyhow::Error::msg)?,
+                    })
+                })
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            let text = report::render(args.format, &runs);
+            let output = match (&args.output, args.format) {
+                (Some(o), _) => Some(o.clone()),
+                (None, Format::Html) => Some(args.results[0].with_extension("html")),
+                (None, _) => None,
+            };
+            match output {
+                Some(o) => {
+                    std::fs::write(&o, text)
+                        .with_context(|| format!("cannot write {}", o.display()))?;
+                    eprintln!("wrote {}", o.display());
+                }
+                None => print!("{text}"),
+            }
+            for w in report::compare::compare(&runs)
+                .iter()
+                .filter_map(|r| r.warning.as_ref())
+            {
+                eprintln!("warning: {w}");
+            }
+            Ok(ExitCode::SUCCESS)
+        }
     }
 }
 

@@ -96,8 +96,13 @@ impl Clock {
     ) -> Result<Vec<WindowResult>, ModelError> {
         let t = Instant::now();
         let batch: Vec<Window> = unit.iter().map(|&i| windows[i].clone()).collect();
-        let r = eval::score_batch(model, &batch)?;
+        let mut r = eval::score_batch(model, &batch)?;
         self.stats.compute_s += t.elapsed().as_secs_f64();
+        let finished_s = self.start.elapsed().as_secs_f64();
+        for w in &mut r {
+            w.rank = self.stats.rank;
+            w.finished_s = finished_s;
+        }
         self.stats.windows += r.len();
         self.stats.tokens += r.iter().map(|w| w.acc.count).sum::<u64>();
         self.stats.input_tokens += r.iter().map(|w| w.input_tokens as u64).sum::<u64>();

@@ -1,7 +1,7 @@
 //! Evaluation: windows → model → per-token NLL ([`nll`]) → exact accumulation
 //! ([`accumulator`]) → statistics ([`stats`]).
 //!
-//! [`score_windows`] runs batches of windows through a model and returns one exact record per
+//! [`score_batch`] runs a batch of windows through a model and returns one exact record per
 //! window. Nothing in a window's record depends on which other windows shared its batch: each
 //! window has its own causal mask, and all matmuls and reductions are per row with a fixed
 //! summation order.
@@ -22,37 +22,17 @@ use crate::model::{Llama, ModelError};
 pub const LOGIT_ROWS: usize = 256;
 
 /// The exact outcome of one window.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct WindowResult {
     pub index: usize,
     pub group: usize,
     /// Tokens fed to the model.
     pub input_tokens: usize,
     pub acc: NllAccumulator,
-}
-
-/// Scores `windows` in batches of up to `batch_size` windows of equal length, calling
-/// `on_batch` with each batch's results (in window order) as soon as it is done.
-pub fn score_windows(
-    model: &Llama,
-    windows: &[Window],
-    batch_size: usize,
-    mut on_batch: impl FnMut(&[WindowResult]),
-) -> Result<Vec<WindowResult>, ModelError> {
-    let mut results = Vec::with_capacity(windows.len());
-    let mut i = 0;
-    while i < windows.len() {
-        let len = windows[i].input.len();
-        let mut j = i + 1;
-        while j < windows.len() && j - i < batch_size.max(1) && windows[j].input.len() == len {
-            j += 1;
-        }
-        let batch = score_batch(model, &windows[i..j])?;
-        on_batch(&batch);
-        results.extend(batch);
-        i = j;
-    }
-    Ok(results)
+    /// The rank that scored it.
+    pub rank: usize,
+    /// Seconds from the start of that rank's scoring to the end of this window's batch.
+    pub finished_s: f64,
 }
 
 /// One forward pass over windows of equal input length.
@@ -100,6 +80,8 @@ pub fn score_batch(model: &Llama, batch: &[Window]) -> Result<Vec<WindowResult>,
             group: w.group,
             input_tokens: w.input.len(),
             acc,
+            rank: 0,
+            finished_s: 0.0,
         });
     }
     Ok(out)

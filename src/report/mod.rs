@@ -19,8 +19,15 @@
 //! | `system` | threads, CPU features, peak RSS bytes |
 //! | `world` | backend, size (ranks), schedule |
 //! | `ranks[]` | per rank: host, windows, tokens, compute/comm/idle seconds, tokens/s, peak RSS |
+//! | `hardest[]` | the 10 windows with the highest mean NLL: `index`, `mean_nll`, `excerpt` |
 
+pub mod compare;
+pub mod html;
+pub mod json;
+pub mod markdown;
 pub mod progress;
+pub mod svg;
+pub mod text;
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -29,6 +36,32 @@ use std::path::Path;
 use crate::eval::NllAccumulator;
 
 pub const SCHEMA_VERSION: u32 = 1;
+
+/// Output formats of `ppl report`, one module each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    Html,
+    Md,
+    Txt,
+    Json,
+}
+
+/// Renders runs in a format (the exporter per format lives in its own module).
+pub fn render(format: Format, runs: &[compare::NamedRun]) -> String {
+    match format {
+        Format::Html => html::render(runs),
+        Format::Md => markdown::render(runs),
+        Format::Txt => text::render(runs),
+        Format::Json => json::render(runs),
+    }
+}
+
+/// Reads a `results.json`.
+pub fn load(path: &Path) -> Result<Results, String> {
+    let bytes = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    serde_json::from_slice(&bytes)
+        .map_err(|e| format!("{} is not a ppl results file: {e}", path.display()))
+}
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Results {
@@ -53,6 +86,18 @@ pub struct Results {
     pub world: WorldInfo,
     /// Per-rank figures, by rank.
     pub ranks: Vec<crate::dist::run::RankStats>,
+    /// The windows with the highest mean NLL, with the text they scored.
+    #[serde(default)]
+    pub hardest: Vec<HardWindow>,
+}
+
+/// A window with a high mean NLL and an excerpt of the text it scored.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct HardWindow {
+    pub index: usize,
+    pub mean_nll: f64,
+    /// The first scored tokens, decoded.
+    pub excerpt: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -77,6 +122,10 @@ pub struct ModelInfo {
     pub tensor_types: BTreeMap<String, usize>,
     pub tokenizer: String,
     pub tokenizer_pre: Option<String>,
+    /// Fingerprint of the vocabulary and tokenization rules (runs with equal values produce
+    /// equal ids for equal text).
+    #[serde(default)]
+    pub tokenizer_sha256: String,
     pub add_bos: bool,
 }
 
@@ -100,6 +149,15 @@ pub struct WindowRecord {
     pub input_tokens: usize,
     pub tokens: u64,
     pub nll_sum: f64,
+    /// Σ nll² over the window's tokens (for running error bands).
+    #[serde(default)]
+    pub nll_sum_sq: f64,
+    /// The rank that scored the window.
+    #[serde(default)]
+    pub rank: usize,
+    /// Seconds from the start of that rank's scoring to the end of the window's batch.
+    #[serde(default)]
+    pub finished_s: f64,
     #[serde(with = "crate::eval::accumulator::i128_string")]
     pub nll_sum_fixed: i128,
 }

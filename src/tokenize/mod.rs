@@ -191,6 +191,7 @@ impl Tokenizer {
                     .map_err(|e| invalid(format!("BPE vocabulary: {e}")))?;
                 let mut tok = tokenizers::Tokenizer::new(bpe);
                 tok.with_pre_tokenizer(Some(pre_tok));
+                tok.with_decoder(Some(ByteLevel::default()));
                 (Model::Bpe(Box::new(tok)), Some(pre), false, false)
             }
             "llama" => {
@@ -268,6 +269,15 @@ impl Tokenizer {
         }
         ids.extend(self.encode_plain(text)?);
         Ok(ids)
+    }
+
+    /// Text of `ids` (for excerpts in reports): byte-level BPE bytes or SentencePiece pieces
+    /// (`▁` as space, `<0xXX>` as bytes), invalid UTF-8 replaced.
+    pub fn decode(&self, ids: &[u32]) -> String {
+        match &self.model {
+            Model::Bpe(tok) => tok.decode(ids, false).unwrap_or_default(),
+            Model::Spm(spm) => spm.decode(ids),
+        }
     }
 
     /// Token ids of `text` without BOS.

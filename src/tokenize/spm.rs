@@ -8,6 +8,7 @@ use std::collections::{BinaryHeap, HashMap};
 
 pub struct SpmModel {
     token_to_id: HashMap<String, u32>,
+    id_to_token: Vec<String>,
     scores: Vec<f32>,
     byte_tokens: [Option<u32>; 256],
     unk: Option<u32>,
@@ -69,10 +70,28 @@ impl SpmModel {
         }
         Self {
             token_to_id,
+            id_to_token: tokens.iter().map(|t| t.to_string()).collect(),
             scores: scores.iter().map(|&s| s as f32).collect(),
             byte_tokens,
             unk,
         }
+    }
+
+    /// The text of `ids`: pieces joined, `▁` as space, `<0xXX>` tokens as raw bytes.
+    pub fn decode(&self, ids: &[u32]) -> String {
+        let mut bytes = Vec::new();
+        for &id in ids {
+            let Some(t) = self.id_to_token.get(id as usize) else {
+                continue;
+            };
+            match t.strip_prefix("<0x").and_then(|h| h.strip_suffix('>')) {
+                Some(hex) if hex.len() == 2 => {
+                    bytes.push(u8::from_str_radix(hex, 16).unwrap_or(b'?'))
+                }
+                _ => bytes.extend_from_slice(t.replace('\u{2581}', " ").as_bytes()),
+            }
+        }
+        String::from_utf8_lossy(&bytes).into_owned()
     }
 
     /// Appends the ids of `text` to `out`.

@@ -1,0 +1,126 @@
+//! Comparing runs: whether two runs scored the same tokens, and the paired difference.
+//!
+//! Runs scored the same tokens when the data, the tokenizer and the windows (start, length,
+//! scored count) are identical. Then, with per-window NLL differences `Dᵥ` over `Tᵥ` tokens,
+//! `Δ = ΣDᵥ / ΣTᵥ` is the difference of mean NLL, and its standard error is computed over
+//! windows (blocks, as the bootstrap does): `se = sqrt(n/(n−1) · Σ(Dᵥ − Δ·Tᵥ)²) / ΣTᵥ`. The PPL
+//! ratio is `exp(Δ)` with interval `exp(Δ ± 1.96·se)`; `ΔPPL = PPL_b − PPL_a` with
+//! `se ≈ PPL_b · se(Δ)`.
+
+use serde::Serialize;
+
+use super::Results;
+
+/// A run with the name it is shown under (usually its file name).
+pub struct NamedRun {
+    pub name: String,
+    pub results: Results,
+}
+
+/// The paired difference of a run against the first (base) run.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Paired {
+    /// Difference of mean NLL (nats per token), run − base.
+    pub delta_mean_nll: f64,
+    pub delta_mean_nll_se: f64,
+    pub delta_ppl: f64,
+    pub delta_ppl_se: f64,
+    pub ppl_ratio: f64,
+    pub ppl_ratio_ci95: [f64; 2],
+}
+
+/// One run's row in a comparison.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Row {
+    pub name: String,
+    pub ppl: f64,
+    pub ppl_err: Option<f64>,
+    pub ci95: Option<[f64; 2]>,
+    pub tokens: u64,
+    /// Against the base run; `None` for the base itself or when the tokens differ.
+    pub paired: Option<Paired>,
+    /// Why the run cannot be paired with the base.
+    pub warning: Option<String>,
+}
+
+/// Why `b` did not score the same tokens as `a`, if it did not.
+pub fn token_mismatch(a: &Results, b: &Results) -> Option<String> {
+    if a.data.sha256 != b.data.sha256 {
+        return Some(format!(
+            "different data (sha256 {}… vs {}…)",
+            &b.data.sha256[..12.min(b.data.sha256.len())],
+            &a.data.sha256[..12.min(a.data.sha256.len())]
+        ));
+    }
+    if a.model.tokenizer_sha256 != b.model.tokenizer_sha256 {
+        return Some("different tokenizer".into());
+    }
+    for key in ["method", "ctx", "stride", "chunks", "max_tokens"] {
+        if a.config.get(key) != b.config.get(key) {
+            return Some(format!(
+                "different {key} ({} vs {})",
+                b.config.get(key).map_or("none".into(), |v| v.to_string()),
+                a.config.get(key).map_or("none".into(), |v| v.to_string())
+            ));
+        }
+    }
+    let shape = |r: &Results| {
+        r.windows
+            .iter()
+            .map(|w| (w.start, w.input_tokens, w.tokens))
+            .collect::<Vec<_>>()
+    };
+    if shape(a) != shape(b) {
+        return Some("different windows".into());
+    }
+    None
+}
+
+/// The paired difference of `b` against `a` (which scored the same tokens).
+pub fn paired(a: &Results, b: &Results) -> Paired {
+    let n = a.windows.len() as f64;
+    let total: f64 = a.windows.iter().map(|w| w.tokens as f64).sum();
+    let diffs: Vec<(f64, f64)> = a
+        .windows
+        .iter()
+        .zip(&b.windows)
+        .map(|(wa, wb)| (wb.nll_sum - wa.nll_sum, wa.tokens as f64))
+        .collect();
+    let delta = diffs.iter().map(|d| d.0).sum::<f64>() / total;
+    let ss: f64 = diffs.iter().map(|(d, t)| (d - delta * t).powi(2)).sum();
+    let se = if n > 1.0 {
+        (n / (n - 1.0) * ss).sqrt() / total
+    } else {
+        f64::NAN
+    };
+    Paired {
+        delta_mean_nll: delta,
+        delta_mean_nll_se: se,
+        delta_ppl: b.ppl - a.ppl,
+        delta_ppl_se: b.ppl * se,
+        ppl_ratio: delta.exp(),
+        ppl_ratio_ci95: [(delta - 1.96 * se).exp(), (delta + 1.96 * se).exp()],
+    }
+}
+
+/// Rows for every run, each paired with the first when they scored the same tokens.
+pub fn compare(runs: &[NamedRun]) -> Vec<Row> {
+    let base = &runs[0].results;
+    runs.iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let mismatch = (i > 0).then(|| token_mismatch(base, &r.results)).flatten();
+            Row {
+                name: r.name.clone(),
+                ppl: r.results.ppl,
+                ppl_err: r.results.ppl_err,
+                ci95: r.results.ci95,
+                tokens: r.results.tokens,
+                paired: (i > 0 && mismatch.is_none()).then(|| paired(base, &r.results)),
+                warning: mismatch.map(|m| {
+                    format!("{} did not score the same tokens as {} ({m}): its PPL is not comparable and no paired difference is given", r.name, runs[0].name)
+                }),
+            }
+        })
+        .collect()
+}
