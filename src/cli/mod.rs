@@ -3,12 +3,15 @@
 //! validated [`EvalConfig`] the pipeline runs.
 
 mod bench;
+pub mod config;
 mod launch;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::Context;
+use anyhow::{bail, Context};
+
+use self::config::Config;
 use clap::{Args, Parser, Subcommand};
 
 use crate::data::Method;
@@ -48,6 +51,17 @@ enum Command {
     Launch(launch::LaunchArgs),
     /// Render results.json files: an HTML report, or a summary/comparison (md, txt, json).
     Report(ReportArgs),
+    /// Configuration files: `ppl config show --config F [--set K=V]` prints the resolved one.
+    Config {
+        #[command(subcommand)]
+        action: ConfigAction,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum ConfigAction {
+    /// Print the resolved configuration (file, --set overrides, flags and defaults).
+    Show(EvalArgs),
 }
 
 #[derive(Debug, Args)]
@@ -65,18 +79,24 @@ struct ReportArgs {
 
 #[derive(Debug, Args, Clone)]
 pub struct EvalArgs {
+    /// YAML configuration (flags given here win over it).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Override a configuration key, e.g. --set evaluation.batch_size=8 (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    sets: Vec<String>,
     /// GGUF model file.
     #[arg(short, long)]
-    model: PathBuf,
+    model: Option<PathBuf>,
     /// UTF-8 text file to evaluate on.
     #[arg(short = 'f', long)]
-    data: PathBuf,
-    /// How the text is cut into windows.
-    #[arg(long, value_enum, default_value_t = Method::Chunks)]
-    method: Method,
-    /// Window length in tokens.
-    #[arg(short, long, default_value_t = 512)]
-    ctx: usize,
+    data: Option<PathBuf>,
+    /// How the text is cut into windows [default: chunks].
+    #[arg(long, value_enum)]
+    method: Option<Method>,
+    /// Window length in tokens [default: 512].
+    #[arg(short, long)]
+    ctx: Option<usize>,
     /// Step between window starts for --method stride [default: ctx/2].
     #[arg(long)]
     stride: Option<usize>,
@@ -86,33 +106,33 @@ pub struct EvalArgs {
     /// Use only the first N tokens of the text (chunks, stride).
     #[arg(long)]
     max_tokens: Option<usize>,
-    /// Windows per forward pass.
-    #[arg(short, long, default_value_t = 1)]
-    batch_size: usize,
+    /// Windows per forward pass [default: 1].
+    #[arg(short, long)]
+    batch_size: Option<usize>,
     /// Compute threads [default: all cores].
     #[arg(short, long)]
     threads: Option<usize>,
-    /// native: quantized weights as stored; f32: weights dequantized to f32.
-    #[arg(long, value_enum, default_value_t = Precision::Native)]
-    precision: Precision,
-    /// Seed of the bootstrap resampling (rank 0's value is used by every rank).
-    #[arg(long, default_value_t = 42)]
-    seed: u64,
-    /// Ranks of the local backend (threads of this process sharing one copy of the weights).
-    #[arg(long, default_value_t = 1)]
-    ranks: usize,
-    /// How windows are distributed over ranks.
-    #[arg(long, value_enum, default_value_t = Schedule::Static)]
-    schedule: Schedule,
+    /// native: quantized weights as stored; f32: weights dequantized to f32 [default: native].
+    #[arg(long, value_enum)]
+    precision: Option<Precision>,
+    /// Seed of the bootstrap resampling; rank 0's value is used by every rank [default: 42].
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Ranks of the local backend: threads sharing one copy of the weights [default: 1].
+    #[arg(long)]
+    ranks: Option<usize>,
+    /// How windows are distributed over ranks [default: static].
+    #[arg(long, value_enum)]
+    schedule: Option<Schedule>,
     /// Communication backend [default: mpi when started by mpirun/srun, else local].
     #[arg(long, value_enum)]
     backend: Option<Backend>,
     /// Testing aid: rank R reads PATH instead of --data (simulates a node with another file).
     #[arg(long, value_name = "R=PATH", hide = true)]
     debug_rank_data: Option<String>,
-    /// Bootstrap replicates for the 95% confidence interval.
-    #[arg(long, default_value_t = 1000)]
-    bootstrap_samples: usize,
+    /// Bootstrap replicates for the 95% confidence interval [default: 1000].
+    #[arg(long)]
+    bootstrap_samples: Option<usize>,
     /// Print llama.cpp-style running values [1]…,[2]… on stdout.
     #[arg(long)]
     print_chunks: bool,
@@ -184,42 +204,171 @@ impl EvalArgs {
         })
     }
 
-    /// Phase two: defaults and argument-level checks.
-    pub fn resolve(&self) -> anyhow::Result<EvalConfig> {
-        if self.ranks == 0 {
-            anyhow::bail!("--ranks must be at least 1");
+    fn load_config(&self) -> anyhow::Result<Config> {
+        Ok(match &self.config {
+            Some(p) => Config::load(p, &self.sets)?,
+            None if !self.sets.is_empty() => {
+                Config::parse("", "--set", &self.sets, &|v| std::env::var(v).ok())?
+            }
+            None => Config::default(),
+        })
+    }
+
+    /// Phase two: merges flags (which win), `--set`, the config file and defaults, and checks
+    /// what can be checked without opening any file.
+    pub fn resolve(&self) -> anyhow::Result<Resolved> {
+        let c = self.load_config()?;
+        let uint = |k: &str| c.int(k).filter(|&i| i >= 0).map(|i| i as usize);
+        for key in ["parallel.tp", "parallel.cp", "parallel.pp"] {
+            if let Some(n) = c.int(key).filter(|&n| n > 1) {
+                bail!("{key} = {n}: tensor, context and pipeline parallelism are not supported yet; set it to 1 (data parallelism: dp_replicate, dp_shard)");
+            }
         }
-        let threads = match self.threads {
-            Some(0) => anyhow::bail!("--threads must be at least 1"),
+        if let Some(q) = c.str("evaluation.quantizer.type").filter(|q| *q != "none") {
+            bail!("evaluation.quantizer.type = {q}: quantization at load is not supported yet; use a quantized GGUF, or set type: none");
+        }
+        if let Some(f) = c.str("model.format").filter(|f| *f != "gguf") {
+            bail!("model.format = {f}: only GGUF models are supported so far");
+        }
+        let precision = match (self.precision, c.str("evaluation.precision")) {
+            (Some(p), _) => p,
+            (None, Some("f32")) => Precision::F32,
+            (None, Some("native")) | (None, None) => Precision::Native,
+            (None, Some(p)) => bail!("evaluation.precision = {p}: {p} activations are not supported yet; use f32 or native"),
+        };
+        let dp = match (uint("parallel.dp_replicate"), c.int("parallel.dp_shard")) {
+            (None, None) | (_, Some(-1)) => None,
+            (r, s) => Some(r.unwrap_or(1) * s.unwrap_or(1) as usize),
+        };
+        let ranks = self.ranks.or(dp).unwrap_or(1);
+        if ranks == 0 {
+            bail!("--ranks must be at least 1");
+        }
+        let method = self
+            .method
+            .or_else(|| {
+                c.str("data.method").map(|m| match m {
+                    "stride" => Method::Stride,
+                    "rolling" => Method::Rolling,
+                    _ => Method::Chunks,
+                })
+            })
+            .unwrap_or(Method::Chunks);
+        let ctx = self.ctx.or(uint("evaluation.max_seq_len")).unwrap_or(512);
+        let threads = match self.threads.or(uint("evaluation.threads")) {
+            Some(0) => bail!("--threads must be at least 1"),
             Some(n) => n,
             None if self.backend() == Backend::Mpi => default_threads_under_mpi(),
             None => default_threads(),
         };
-        let stride = match (self.method, self.stride) {
+        let stride = match (method, self.stride.or(uint("data.stride"))) {
             (Method::Stride, Some(s)) => s,
-            (Method::Stride, None) => (self.ctx / 2).max(1),
-            (_, Some(_)) => anyhow::bail!("--stride applies only to --method stride"),
+            (Method::Stride, None) => (ctx / 2).max(1),
+            (_, Some(_)) => bail!("--stride (data.stride) applies only to --method stride"),
             (_, None) => 0,
         };
-        if self.max_tokens.is_some() && self.method == Method::Rolling {
-            anyhow::bail!("--max-tokens applies to --method chunks and stride; use --chunks to limit documents");
+        let max_tokens = self.max_tokens.or(uint("data.max_tokens"));
+        if max_tokens.is_some() && method == Method::Rolling {
+            bail!("--max-tokens applies to --method chunks and stride; use --chunks to limit documents");
         }
-        Ok(EvalConfig {
-            model: self.model.clone(),
-            data: self.data.clone(),
-            method: self.method,
-            ctx: self.ctx,
-            stride,
-            chunks: self.chunks,
-            max_tokens: self.max_tokens,
-            batch_size: self.batch_size,
-            threads,
-            precision: self.precision,
-            seed: self.seed,
-            bootstrap_samples: self.bootstrap_samples,
-            ranks: self.ranks,
-            schedule: self.schedule,
+        let (Some(model), Some(data)) = (
+            self.model.clone().or_else(|| c.path("model.path")),
+            self.data.clone().or_else(|| c.path("data.path")),
+        ) else {
+            bail!("give the model and the data: --model M.gguf --data text.txt (or model.path / data.path in --config)");
+        };
+        let schedule = self
+            .schedule
+            .or_else(|| {
+                c.str("evaluation.schedule").map(|s| {
+                    if s == "dynamic" {
+                        Schedule::Dynamic
+                    } else {
+                        Schedule::Static
+                    }
+                })
+            })
+            .unwrap_or(Schedule::Static);
+        let output = self
+            .output
+            .clone()
+            .or_else(|| c.path("output.dir").map(|d| d.join("results.json")));
+        let report = self
+            .report
+            .clone()
+            .or_else(|| (c.bool("output.report") == Some(true)).then_some(None));
+        Ok(Resolved {
+            eval: EvalConfig {
+                model,
+                data,
+                method,
+                ctx,
+                stride,
+                chunks: self.chunks.or(uint("data.chunks")),
+                max_tokens,
+                batch_size: self
+                    .batch_size
+                    .or(uint("evaluation.batch_size"))
+                    .unwrap_or(1),
+                threads,
+                precision,
+                seed: self
+                    .seed
+                    .or(uint("evaluation.seed").map(|s| s as u64))
+                    .unwrap_or(42),
+                bootstrap_samples: self
+                    .bootstrap_samples
+                    .or(uint("evaluation.bootstrap_samples"))
+                    .unwrap_or(1000),
+                ranks,
+                schedule,
+            },
+            ranks_given: self.ranks.is_some() || dp.is_some(),
+            output,
+            report,
         })
+    }
+}
+
+/// Everything `ppl eval` runs with, after phase two.
+#[derive(Debug, Clone)]
+pub struct Resolved {
+    pub eval: EvalConfig,
+    /// Whether the rank count was asked for (so that MPI can check it against its world).
+    pub ranks_given: bool,
+    pub output: Option<PathBuf>,
+    pub report: Option<Option<PathBuf>>,
+}
+
+impl Resolved {
+    /// The resolved configuration in the config file's schema (`ppl config show`).
+    pub fn to_yaml(&self) -> String {
+        let e = &self.eval;
+        let mut out = format!(
+            "model:\n  path: {}\n  format: gguf\ndata:\n  path: {}\n  method: {}\n",
+            e.model.display(),
+            e.data.display(),
+            e.method
+        );
+        if e.method == Method::Stride {
+            out += &format!("  stride: {}\n", e.stride);
+        }
+        out += &format!("  chunks: {}\n", e.chunks.map_or(-1, |c| c as i64));
+        if let Some(m) = e.max_tokens {
+            out += &format!("  max_tokens: {m}\n");
+        }
+        out += &format!(
+            "parallel:\n  dp_replicate: 1\n  dp_shard: {}\n  tp: 1\n  cp: 1\n  pp: 1\nevaluation:\n  batch_size: {}\n  max_seq_len: {}\n  precision: {}\n  threads: {}\n  schedule: {}\n  seed: {}\n  bootstrap_samples: {}\n",
+            e.ranks, e.batch_size, e.ctx, e.precision, e.threads, e.schedule, e.seed, e.bootstrap_samples
+        );
+        if let Some(o) = &self.output {
+            out += &format!(
+                "output:\n  dir: {}\n  report: {}\n",
+                o.parent().map_or(".".into(), |p| p.display().to_string()),
+                self.report.is_some()
+            );
+        }
+        out
     }
 }
 
@@ -299,37 +448,36 @@ pub fn main() -> ExitCode {
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Eval(args) => {
-            let cfg = args.resolve()?;
+            let resolved = args.resolve()?;
+            let cfg = &resolved.eval;
             let opts = args.run_options()?;
             let results = match args.backend() {
                 Backend::Local => {
                     configure_threads(pipeline::threads_per_rank(cfg.threads, cfg.ranks));
-                    pipeline::evaluate(&cfg, &opts)?
+                    pipeline::evaluate(cfg, &opts)?
                 }
                 Backend::Mpi => {
-                    if args.ranks != 1 {
-                        anyhow::bail!("--ranks is for the local backend; under MPI the world size comes from mpirun -np");
-                    }
                     configure_threads(cfg.threads);
-                    match run_mpi(&cfg, &opts)? {
+                    let expected = resolved.ranks_given.then_some(cfg.ranks);
+                    match run_mpi(cfg, &opts, expected)? {
                         Some(r) => r,
                         None => return Ok(ExitCode::SUCCESS),
                     }
                 }
             };
-            if let Some(out) = &args.output {
+            if let Some(out) = &resolved.output {
                 results.write_atomic(out).with_context(|| {
                     format!("cannot write results to {} (--output)", out.display())
                 })?;
             }
-            if let Some(path) = &args.report {
+            if let Some(path) = &resolved.report {
                 let path = path.clone().unwrap_or_else(|| {
-                    args.output.as_ref().map_or_else(
+                    resolved.output.as_ref().map_or_else(
                         || PathBuf::from("report.html"),
                         |o| o.with_extension("html"),
                     )
                 });
-                let name = args
+                let name = resolved
                     .output
                     .as_ref()
                     .map_or("this run".to_string(), |o| o.display().to_string());
@@ -370,6 +518,12 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Bench(args) => bench::run(args),
         Command::Launch(args) => launch::run(args),
+        Command::Config {
+            action: ConfigAction::Show(args),
+        } => {
+            print!("{}", args.resolve()?.to_yaml());
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Report(args) => {
             let runs = args
                 .results
@@ -407,8 +561,16 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 }
 
 #[cfg(feature = "mpi")]
-fn run_mpi(cfg: &EvalConfig, opts: &RunOptions) -> anyhow::Result<Option<crate::report::Results>> {
+fn run_mpi(
+    cfg: &EvalConfig,
+    opts: &RunOptions,
+    expected_world: Option<usize>,
+) -> anyhow::Result<Option<crate::report::Results>> {
     let comm = crate::dist::mpi::MpiComm::init()?;
+    let world = crate::dist::Communicator::size(&comm);
+    if let Some(n) = expected_world.filter(|&n| n != world) {
+        bail!("the configuration asks for {n} data-parallel ranks (--ranks, or parallel.dp_replicate × dp_shard) but mpirun started {world}; make them agree (dp_shard: -1 infers it)");
+    }
     let mut opts = opts.clone();
     if crate::dist::Communicator::rank(&comm) != 0 {
         opts.progress = Some(ProgressMode::None);
@@ -418,7 +580,11 @@ fn run_mpi(cfg: &EvalConfig, opts: &RunOptions) -> anyhow::Result<Option<crate::
 }
 
 #[cfg(not(feature = "mpi"))]
-fn run_mpi(_: &EvalConfig, _: &RunOptions) -> anyhow::Result<Option<crate::report::Results>> {
+fn run_mpi(
+    _: &EvalConfig,
+    _: &RunOptions,
+    _: Option<usize>,
+) -> anyhow::Result<Option<crate::report::Results>> {
     anyhow::bail!(
         "this ppl was built without MPI support; rebuild with `cargo build --release --features mpi` \
          (needs an MPI library: apt-get install libopenmpi-dev openmpi-bin), or pass --backend local"

@@ -213,15 +213,27 @@ fn single(out: &mut String, r: &Results) {
     util.push_str("</table>");
     section(out, "utilization", "Per-rank utilization", &util);
 
-    let means: Vec<f64> = r
-        .windows
-        .iter()
-        .filter(|w| w.tokens > 0)
-        .map(|w| w.nll_sum / w.tokens as f64)
-        .collect();
+    // Per document for `rolling` (a document's windows form one group), else per window.
+    let mut groups: BTreeMap<usize, (f64, u64)> = BTreeMap::new();
+    for w in r.windows.iter().filter(|w| w.tokens > 0) {
+        let key = if r.data.documents.is_some() {
+            w.group
+        } else {
+            w.index
+        };
+        let g = groups.entry(key).or_default();
+        g.0 += w.nll_sum;
+        g.1 += w.tokens;
+    }
+    let means: Vec<f64> = groups.values().map(|(s, t)| s / *t as f64).collect();
+    let unit = if r.data.documents.is_some() {
+        "document"
+    } else {
+        "window"
+    };
     let bins = ((means.len() as f64).sqrt().ceil() as usize).clamp(5, 40);
     let mut dist = histogram(
-        "Distribution of mean NLL per window",
+        &format!("Distribution of mean NLL per {unit}"),
         "mean NLL (nats/token)",
         &means,
         bins,

@@ -1,0 +1,144 @@
+//! YAML configuration: the example configs, overrides, and errors that name the key.
+
+mod common;
+
+use predicates::prelude::*;
+use predicates::str::contains;
+
+fn config(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("configs")
+        .join(name)
+}
+
+fn ppl(run_dir: &std::path::Path) -> assert_cmd::Command {
+    let mut c = common::ppl_cmd();
+    c.env("PPL_MODEL", common::model())
+        .env("PPL_DATA", common::wikitext())
+        .env("PPL_RUN_DIR", run_dir)
+        .env_remove("NUM_NODES");
+    c
+}
+
+#[test]
+fn single_machine_config_resolves_and_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    ppl(dir.path())
+        .args(["config", "show", "--config"])
+        .arg(config("single.yaml"))
+        .args(["--set", "evaluation.batch_size=2", "--ctx", "256"])
+        .assert()
+        .success()
+        .stdout(contains("batch_size: 2"))
+        .stdout(contains("max_seq_len: 256"))
+        .stdout(contains("precision: f32"))
+        .stdout(contains("chunks: 40"))
+        .stdout(contains(format!("dir: {}", dir.path().display())));
+    // A short real run from the file, overridden down to three chunks of 128 tokens.
+    ppl(dir.path())
+        .args(["eval", "--progress", "none", "--quiet", "--config"])
+        .arg(config("single.yaml"))
+        .args([
+            "--set",
+            "data.chunks=3",
+            "--set",
+            "evaluation.max_seq_len=128",
+        ])
+        .assert()
+        .success();
+    let r = ppl::report::load(&dir.path().join("results.json")).unwrap();
+    assert_eq!(r.windows.len(), 3);
+    assert_eq!(r.tokens, 3 * 63);
+    assert_eq!(r.config["batch_size"], 4);
+    assert!(
+        dir.path().join("results.html").is_file(),
+        "output.report: true writes the report"
+    );
+}
+
+#[test]
+fn two_node_config_maps_dp_onto_ranks() {
+    let dir = tempfile::tempdir().unwrap();
+    ppl(dir.path())
+        .args(["config", "show", "--config"])
+        .arg(config("dp-2node.yaml"))
+        .assert()
+        .success()
+        .stdout(contains("dp_shard: 2"))
+        .stdout(contains("schedule: dynamic"))
+        .stdout(contains("chunks: -1"));
+    ppl(dir.path())
+        .env("NUM_NODES", "3")
+        .args(["eval", "--progress", "none", "--quiet", "--config"])
+        .arg(config("dp-2node.yaml"))
+        .args([
+            "--set",
+            "data.chunks=6",
+            "--set",
+            "evaluation.max_seq_len=128",
+            "--precision",
+            "f32",
+        ])
+        .assert()
+        .success();
+    let r = ppl::report::load(&dir.path().join("results.json")).unwrap();
+    assert_eq!(r.world.size, 3);
+    assert_eq!(r.ranks.len(), 3);
+}
+
+#[test]
+fn not_yet_supported_configs_are_refused_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    ppl(dir.path())
+        .args(["eval", "--config"])
+        .arg(config("pp.yaml"))
+        .assert()
+        .failure()
+        .stderr(contains("parallel.pp = 2"))
+        .stderr(contains("not supported yet"));
+    ppl(dir.path())
+        .args(["eval", "--config"])
+        .arg(config("quantized.yaml"))
+        .assert()
+        .failure()
+        .stderr(contains("evaluation.quantizer.type = int4_weight_only"))
+        .stderr(contains("not supported yet"));
+}
+
+#[test]
+fn config_errors_name_the_key_and_the_fix() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.yaml");
+    std::fs::write(&bad, "model: {path: m.gguf}\nevaluation: {batch_sise: 4}\n").unwrap();
+    ppl(dir.path())
+        .args(["eval", "--config"])
+        .arg(&bad)
+        .assert()
+        .failure()
+        .stderr(contains(
+            "unknown key 'evaluation.batch_sise'; did you mean 'evaluation.batch_size'?",
+        ))
+        .stderr(contains("bad.yaml"))
+        .stderr(contains("panicked").not());
+    std::fs::write(&bad, "evaluation: {max_seq_len: two}\n").unwrap();
+    ppl(dir.path())
+        .args(["config", "show", "--config"])
+        .arg(&bad)
+        .assert()
+        .failure()
+        .stderr(contains(
+            "'evaluation.max_seq_len' must be an integer, got 'two'",
+        ));
+    std::fs::write(&bad, "model: {path: \"${PPL_NO_SUCH_VAR}\"}\n").unwrap();
+    ppl(dir.path())
+        .args(["config", "show", "--config"])
+        .arg(&bad)
+        .assert()
+        .failure()
+        .stderr(contains("environment variable PPL_NO_SUCH_VAR is not set"));
+    ppl(dir.path())
+        .args(["config", "show", "--config", "/nonexistent/c.yaml"])
+        .assert()
+        .failure()
+        .stderr(contains("cannot read config file /nonexistent/c.yaml"));
+}
