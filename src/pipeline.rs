@@ -24,10 +24,11 @@ use crate::dist::schedule::Schedule;
 use crate::dist::{local, CommError, Communicator};
 use crate::eval::{stats, NllAccumulator};
 use crate::fingerprint;
-use crate::model::{gguf, GgufFile, Llama, LlamaConfig, ModelError, Precision};
+use crate::model::{gguf, memory, GgufFile, Llama, LlamaConfig, ModelError, Precision};
 use crate::report::progress::{Progress, ProgressMode};
 use crate::report::{
-    DataInfo, ModelInfo, Results, SystemInfo, Timings, WindowRecord, WorldInfo, SCHEMA_VERSION,
+    DataInfo, MemoryReport, ModelInfo, Results, SystemInfo, Timings, WindowRecord, WorldInfo,
+    SCHEMA_VERSION,
 };
 use crate::tokenize::{TokenizeError, Tokenizer};
 
@@ -100,6 +101,8 @@ pub enum EvalError {
     Comm(#[from] CommError),
     #[error("rank {rank} stopped: {source}")]
     Rank { rank: usize, source: Box<EvalError> },
+    #[error("{0}")]
+    Memory(String),
 }
 
 impl From<RunError> for EvalError {
@@ -233,6 +236,52 @@ pub struct RankSetup {
     started: Instant,
 }
 
+/// What this rank is about to evaluate, for the start-up agreement.
+fn make_fingerprints(
+    comm: &dyn Communicator,
+    cfg: &EvalConfig,
+    data_path: &Path,
+    tok: &Tokenizer,
+    data_sha256: &str,
+) -> Result<Fingerprints, EvalError> {
+    let model_sha256 = fingerprint::sha256_file_cached(&cfg.model).map_err(|e| {
+        EvalError::Config(format!(
+            "cannot read {} to fingerprint it: {e}",
+            cfg.model.display()
+        ))
+    })?;
+    let scoring = cfg.scoring_json();
+    Ok(Fingerprints {
+        rank: comm.rank(),
+        host: comm.host(),
+        model_path: cfg.model.display().to_string(),
+        model_sha256,
+        data_path: data_path.display().to_string(),
+        data_sha256: data_sha256.to_string(),
+        tokenizer_sha256: tok.fingerprint.clone(),
+        config_sha256: fingerprint::sha256_bytes(scoring.as_bytes()),
+        config: scoring,
+    })
+}
+
+/// This rank's fingerprints, reading the model header and the data (`ppl validate`).
+pub fn fingerprints(
+    comm: &dyn Communicator,
+    cfg: &EvalConfig,
+    data_path: &Path,
+) -> Result<Fingerprints, EvalError> {
+    let gguf = GgufFile::open(&cfg.model)?;
+    let tok = Tokenizer::from_gguf(&gguf)?;
+    let text = data::read_text(data_path)?;
+    make_fingerprints(
+        comm,
+        cfg,
+        data_path,
+        &tok,
+        &fingerprint::sha256_bytes(text.as_bytes()),
+    )
+}
+
 /// Phase one on every rank: checks, fingerprints, agreement, tokenization. Fails (on every
 /// rank alike, for disagreements) before any weight is loaded.
 pub fn setup_rank(
@@ -256,24 +305,7 @@ pub fn setup_rank(
     }
     let text = data::read_text(data_path)?;
     let text_sha256 = fingerprint::sha256_bytes(text.as_bytes());
-    let model_sha256 = fingerprint::sha256_file_cached(&cfg.model).map_err(|e| {
-        EvalError::Config(format!(
-            "cannot read {} to fingerprint it: {e}",
-            cfg.model.display()
-        ))
-    })?;
-    let scoring = cfg.scoring_json();
-    let mine = Fingerprints {
-        rank: comm.rank(),
-        host: comm.host(),
-        model_path: cfg.model.display().to_string(),
-        model_sha256,
-        data_path: data_path.display().to_string(),
-        data_sha256: text_sha256.clone(),
-        tokenizer_sha256: tok.fingerprint.clone(),
-        config_sha256: fingerprint::sha256_bytes(scoring.as_bytes()),
-        config: scoring,
-    };
+    let mine = make_fingerprints(comm, cfg, data_path, &tok, &text_sha256)?;
     agreement::check(comm, &mine)?;
     let seed_bytes = comm.broadcast(0, cfg.seed.to_le_bytes().to_vec())?;
     let seed =
@@ -472,6 +504,7 @@ pub fn run_rank(
         },
         ranks: gathered.ranks,
         hardest,
+        memory: None,
     }))
 }
 
@@ -545,6 +578,13 @@ pub fn evaluate_rank(
             return Err(e);
         }
     };
+    let memory = match plan_memory(cfg, &setup, 1, ranks_on_this_node()) {
+        Ok(m) => m,
+        Err(e) => {
+            comm.abort(&e.to_string());
+            return Err(e);
+        }
+    };
     let t_load = Instant::now();
     let model = match Llama::from_gguf(&setup.gguf, cfg.precision) {
         Ok(m) => m,
@@ -555,7 +595,7 @@ pub fn evaluate_rank(
     };
     let load_s = t_load.elapsed().as_secs_f64();
     let progress = (comm.rank() == 0).then(|| new_progress(opts, &setup.prepared.plan));
-    run_rank(
+    let results = run_rank(
         comm,
         cfg,
         &setup,
@@ -563,7 +603,109 @@ pub fn evaluate_rank(
         load_s,
         cfg.threads,
         progress.as_ref(),
-    )
+    )?;
+    Ok(results.map(|r| Results {
+        memory: Some(memory),
+        ..r
+    }))
+}
+
+/// MPI ranks sharing this node (they share its memory).
+fn ranks_on_this_node() -> usize {
+    [
+        "OMPI_COMM_WORLD_LOCAL_SIZE",
+        "MPI_LOCALNRANKS",
+        "SLURM_NTASKS_PER_NODE",
+    ]
+    .iter()
+    .find_map(|v| std::env::var(v).ok()?.parse().ok())
+    .unwrap_or(1)
+}
+
+/// Estimates this process's peak memory and refuses, before loading, a run that cannot fit,
+/// with the estimate and the cheapest remedies.
+fn plan_memory(
+    cfg: &EvalConfig,
+    setup: &RankSetup,
+    ranks_in_process: usize,
+    processes_on_node: usize,
+) -> Result<MemoryReport, EvalError> {
+    let est = |precision, batch, ranks| {
+        memory::estimate(
+            &setup.gguf,
+            &setup.mc,
+            precision,
+            batch,
+            cfg.ctx,
+            ranks,
+            setup.tok.vocab_size,
+        )
+    };
+    let e = est(cfg.precision, cfg.batch_size, ranks_in_process);
+    let available = memory::available_bytes();
+    let report = MemoryReport {
+        estimate: e.clone(),
+        available_bytes: available
+            .as_ref()
+            .map(|a| a.0 / processes_on_node.max(1) as u64),
+        available_source: available.as_ref().map(|a| a.1.clone()),
+    };
+    let Some(budget) = report.available_bytes else {
+        return Ok(report);
+    };
+    if e.total_bytes <= budget {
+        return Ok(report);
+    }
+    let mut remedies = Vec::new();
+    let mut consider = |what: &str, alt: memory::MemoryEstimate| {
+        if alt.total_bytes < e.total_bytes {
+            let fits = if alt.total_bytes <= budget {
+                "fits"
+            } else {
+                "still too much"
+            };
+            remedies.push(format!(
+                "  {what}: {} ({fits})",
+                memory::mib(alt.total_bytes)
+            ));
+        }
+    };
+    if cfg.batch_size > 1 {
+        consider(
+            "--batch-size 1 (same result)",
+            est(cfg.precision, 1, ranks_in_process),
+        );
+    }
+    if ranks_in_process > 1 {
+        consider(
+            "--ranks 1, or ranks as MPI processes on more nodes (same result)",
+            est(cfg.precision, cfg.batch_size, 1),
+        );
+    }
+    if cfg.precision == Precision::F32 {
+        consider(
+            "--precision native (quantized weights as stored)",
+            est(Precision::Native, cfg.batch_size, ranks_in_process),
+        );
+    }
+    remedies.push("  pipeline or tensor parallelism across nodes (not supported yet)".into());
+    Err(EvalError::Memory(format!(
+        "not enough memory: this run needs about {} (weights {}, activations {} and logits {} per rank × {} rank(s), other {}) but {} allows {}{}; nothing was loaded. Cheapest remedies:\n{}",
+        memory::mib(e.total_bytes),
+        memory::mib(e.weights_bytes),
+        memory::mib(e.activations_bytes),
+        memory::mib(e.logits_bytes),
+        e.ranks_in_process,
+        memory::mib(e.other_bytes),
+        report.available_source.as_deref().unwrap_or("the system"),
+        memory::mib(budget),
+        if processes_on_node > 1 {
+            format!(" (its share of {processes_on_node} ranks on this node)")
+        } else {
+            String::new()
+        },
+        remedies.join("\n")
+    )))
 }
 
 /// Runs `cfg.ranks` ranks as threads of this process (the `local` backend): each rank checks
@@ -596,6 +738,7 @@ pub fn evaluate(cfg: &EvalConfig, opts: &RunOptions) -> Result<Results, EvalErro
         handles.into_iter().map(join_rank).collect()
     });
     let setups = first_error(setups)?;
+    let memory = plan_memory(cfg, &setups[0], n, 1)?;
 
     let t_load = Instant::now();
     let model = Llama::from_gguf(&setups[0].gguf, cfg.precision)?;
@@ -605,6 +748,7 @@ pub fn evaluate(cfg: &EvalConfig, opts: &RunOptions) -> Result<Results, EvalErro
         cfg.precision
     );
     let progress = new_progress(opts, &setups[0].prepared.plan);
+    let memory = &memory;
 
     let outcomes: Vec<Result<Option<Results>, EvalError>> = std::thread::scope(|s| {
         let handles: Vec<_> = comms
@@ -622,7 +766,14 @@ pub fn evaluate(cfg: &EvalConfig, opts: &RunOptions) -> Result<Results, EvalErro
                             EvalError::Config(format!("cannot start compute threads: {e}"))
                         })?;
                     let progress = (c.rank() == 0).then_some(progress);
-                    pool.install(|| run_rank(c, cfg, setup, model, load_s, per_rank, progress))
+                    pool.install(|| {
+                        run_rank(c, cfg, setup, model, load_s, per_rank, progress).map(|r| {
+                            r.map(|r| Results {
+                                memory: Some(memory.clone()),
+                                ..r
+                            })
+                        })
+                    })
                 })
             })
             .collect();

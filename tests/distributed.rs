@@ -168,3 +168,33 @@ fn mpi_backend_without_the_feature_says_how_to_get_it() {
         .failure()
         .stderr(contains("--features mpi"));
 }
+
+#[test]
+fn print_chunks_is_in_window_order_whatever_the_ranks() {
+    let run = |ranks: &str| -> String {
+        let out = common::ppl_cmd()
+            .arg("eval")
+            .arg("--model")
+            .arg(common::model())
+            .arg("--data")
+            .arg(common::wikitext())
+            .args([
+                "--ctx",
+                "128",
+                "--chunks",
+                "6",
+                "--precision",
+                "f32",
+                "--progress",
+                "none",
+            ])
+            .args(["--print-chunks", "--schedule", "dynamic", "--ranks", ranks])
+            .assert()
+            .success();
+        let stdout = String::from_utf8_lossy(&out.get_output().stdout).into_owned();
+        stdout.lines().next().unwrap_or_default().to_string()
+    };
+    let one = run("1");
+    assert!(one.starts_with("[1]") && one.contains(",[6]"), "{one}");
+    assert_eq!(run("3"), one);
+}

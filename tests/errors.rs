@@ -205,3 +205,36 @@ fn unknown_flag_values_are_rejected_by_the_parser() {
         .failure()
         .stderr(contains("invalid value 'f8' for '--precision"));
 }
+
+#[test]
+fn a_run_that_cannot_fit_is_refused_before_loading() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("r.json");
+    common::ppl_cmd()
+        .env("PPL_MEMORY_LIMIT", "300M")
+        .arg("eval")
+        .arg("--model")
+        .arg(common::model())
+        .arg("--data")
+        .arg(common::wikitext())
+        .args([
+            "--precision",
+            "f32",
+            "--batch-size",
+            "8",
+            "--ranks",
+            "2",
+            "--output",
+        ])
+        .arg(&out)
+        .assert()
+        .failure()
+        .code(1)
+        .stderr(contains("not enough memory"))
+        .stderr(contains("PPL_MEMORY_LIMIT allows 300 MiB"))
+        .stderr(contains("nothing was loaded"))
+        .stderr(contains("--batch-size 1 (same result)"))
+        .stderr(contains("--precision native"))
+        .stderr(contains("panicked").not());
+    assert!(!out.exists());
+}

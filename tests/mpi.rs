@@ -114,3 +114,23 @@ fn mpirun_rank_with_a_different_data_file_stops_the_job() {
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert!(!out.exists());
 }
+
+#[test]
+fn validate_under_mpirun_measures_the_link() {
+    let st = mpirun()
+        .args(["-np", "2"])
+        .arg(ppl())
+        .args(["validate", "--distributed", "--model"])
+        .arg(common::model())
+        .arg("--data")
+        .arg(common::wikitext())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&st.stdout);
+    assert!(st.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&st.stderr));
+    for line in ["PASS  ranks reachable          2 ranks", "PASS  communication            mpi backend:", "PASS  ping-pong 1 KiB", "PASS  all-gather 64 MiB", "PASS  fingerprints"] {
+        assert!(stdout.contains(line), "missing '{line}' in:\n{stdout}");
+    }
+    // Only rank 0 prints the checklist.
+    assert_eq!(stdout.matches("checks:").count(), 1, "{stdout}");
+}

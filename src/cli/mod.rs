@@ -5,6 +5,7 @@
 mod bench;
 pub mod config;
 mod launch;
+mod validate;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -51,6 +52,8 @@ enum Command {
     Launch(launch::LaunchArgs),
     /// Render results.json files: an HTML report, or a summary/comparison (md, txt, json).
     Report(ReportArgs),
+    /// Check a configuration before running it: a pass/warn/fail checklist (exit 1 on failure).
+    Validate(validate::ValidateArgs),
     /// Configuration files: `ppl config show --config F [--set K=V]` prints the resolved one.
     Config {
         #[command(subcommand)]
@@ -518,6 +521,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Bench(args) => bench::run(args),
         Command::Launch(args) => launch::run(args),
+        Command::Validate(args) => validate::run(args),
         Command::Config {
             action: ConfigAction::Show(args),
         } => {
@@ -577,6 +581,25 @@ fn run_mpi(
         opts.print_chunks = false;
     }
     Ok(pipeline::evaluate_rank(&comm, cfg, &opts)?)
+}
+
+/// This process's MPI communicator and the library's version.
+#[cfg(feature = "mpi")]
+fn mpi_comm() -> anyhow::Result<(Box<dyn crate::dist::Communicator>, String)> {
+    let comm = crate::dist::mpi::MpiComm::init()?;
+    let version = crate::dist::mpi::MpiComm::library_version();
+    let first_line = version
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_string();
+    Ok((Box::new(comm), first_line))
+}
+
+#[cfg(not(feature = "mpi"))]
+fn mpi_comm() -> anyhow::Result<(Box<dyn crate::dist::Communicator>, String)> {
+    bail!("this ppl was built without MPI support; rebuild with `cargo build --release --features mpi`")
 }
 
 #[cfg(not(feature = "mpi"))]

@@ -97,14 +97,11 @@ pub trait Communicator: Send + Sync {
 
     fn all_gather(&self, data: Vec<u8>) -> Result<Vec<Vec<u8>>, CommError> {
         let gathered = self.gather(0, data)?;
-        let bytes = match gathered {
-            Some(all) => serde_json::to_vec(&all).expect("bytes serialize"),
-            None => Vec::new(),
-        };
+        let bytes = gathered.map(|all| frame(&all)).unwrap_or_default();
         let all = self.broadcast(0, bytes)?;
-        serde_json::from_slice(&all).map_err(|e| CommError::Protocol {
+        unframe(&all).ok_or_else(|| CommError::Protocol {
             from: 0,
-            detail: e.to_string(),
+            detail: "malformed all-gather frame".into(),
         })
     }
 
@@ -134,6 +131,36 @@ pub trait Communicator: Send + Sync {
         }
         Ok(sum)
     }
+}
+
+/// Length-prefixed concatenation: count, then each part's length and bytes (little endian).
+fn frame(parts: &[Vec<u8>]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(8 + parts.iter().map(|p| p.len() + 8).sum::<usize>());
+    out.extend_from_slice(&(parts.len() as u64).to_le_bytes());
+    for p in parts {
+        out.extend_from_slice(&(p.len() as u64).to_le_bytes());
+        out.extend_from_slice(p);
+    }
+    out
+}
+
+fn unframe(b: &[u8]) -> Option<Vec<Vec<u8>>> {
+    let mut pos = 0usize;
+    let mut take = |n: usize| -> Option<std::ops::Range<usize>> {
+        let end = pos.checked_add(n).filter(|&e| e <= b.len())?;
+        let r = pos..end;
+        pos = end;
+        Some(r)
+    };
+    let u64_at =
+        |r: std::ops::Range<usize>| u64::from_le_bytes(b[r].try_into().expect("8 bytes")) as usize;
+    let count = u64_at(take(8)?);
+    let mut out = Vec::with_capacity(count.min(1 << 16));
+    for _ in 0..count {
+        let len = u64_at(take(8)?);
+        out.push(b[take(len)?].to_vec());
+    }
+    Some(out)
 }
 
 /// How long a rank waits for a message before declaring its peer lost

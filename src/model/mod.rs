@@ -10,6 +10,7 @@ pub mod fetch;
 pub mod gguf;
 pub mod kernels;
 pub mod llama;
+pub mod memory;
 
 pub use gguf::{GgufError, GgufFile};
 pub use llama::{Llama, LlamaConfig};

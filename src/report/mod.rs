@@ -20,6 +20,7 @@
 //! | `world` | backend, size (ranks), schedule |
 //! | `ranks[]` | per rank: host, windows, tokens, compute/comm/idle seconds, tokens/s, peak RSS |
 //! | `hardest[]` | the 10 windows with the highest mean NLL: `index`, `mean_nll`, `excerpt` |
+//! | `memory` | the planner's estimate (`estimate.total_bytes`, parts) and the memory available |
 
 pub mod compare;
 pub mod html;
@@ -89,6 +90,18 @@ pub struct Results {
     /// The windows with the highest mean NLL, with the text they scored.
     #[serde(default)]
     pub hardest: Vec<HardWindow>,
+    /// The memory planner's estimate for this process (compare with `system.peak_rss_bytes`).
+    #[serde(default)]
+    pub memory: Option<MemoryReport>,
+}
+
+/// The planner's figures, recorded next to the measured peak RSS.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct MemoryReport {
+    pub estimate: crate::model::memory::MemoryEstimate,
+    /// What the process could use (its share of the node under MPI).
+    pub available_bytes: Option<u64>,
+    pub available_source: Option<String>,
 }
 
 /// A window with a high mean NLL and an excerpt of the text it scored.

@@ -2,6 +2,7 @@
 //! periodic lines otherwise (logs, CI); nothing with `--quiet`. `--print-chunks` writes
 //! llama.cpp-style running values `[1]12.8585,[2]21.6788,…` to stdout.
 
+use std::collections::BTreeMap;
 use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
 
@@ -29,6 +30,11 @@ pub struct Progress {
     done_windows: usize,
     done_tokens: usize,
     acc: NllAccumulator,
+    /// `--print-chunks` prints windows in index order: those that arrive early (from other
+    /// ranks) wait here, and the running value covers windows `1..=i` exactly as llama.cpp's.
+    pending: BTreeMap<usize, NllAccumulator>,
+    printed: usize,
+    printed_acc: NllAccumulator,
     start: Instant,
     last_line: Instant,
     line_every: Duration,
@@ -69,6 +75,9 @@ impl Progress {
             done_windows: 0,
             done_tokens: 0,
             acc: NllAccumulator::default(),
+            pending: BTreeMap::new(),
+            printed: 0,
+            printed_acc: NllAccumulator::default(),
             start: now,
             last_line: now,
             line_every: Duration::from_secs(10),
@@ -82,13 +91,14 @@ impl Progress {
             self.done_windows += 1;
             self.done_tokens += w.input_tokens;
             if self.print_chunks {
-                let _ = write!(
-                    out,
-                    "[{}]{:.4},",
-                    w.index + 1,
-                    self.acc.perplexity().unwrap_or(f64::NAN)
-                );
+                self.pending.insert(w.index, w.acc);
             }
+        }
+        while let Some(acc) = self.pending.remove(&self.printed) {
+            self.printed_acc.merge(&acc);
+            self.printed += 1;
+            let ppl = self.printed_acc.perplexity().unwrap_or(f64::NAN);
+            let _ = write!(out, "[{}]{ppl:.4},", self.printed);
         }
         if self.print_chunks {
             let _ = out.flush();
