@@ -127,8 +127,18 @@ fn validate_under_mpirun_measures_the_link() {
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&st.stdout);
-    assert!(st.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&st.stderr));
-    for line in ["PASS  ranks reachable          2 ranks", "PASS  communication            mpi backend:", "PASS  ping-pong 1 KiB", "PASS  all-gather 64 MiB", "PASS  fingerprints"] {
+    assert!(
+        st.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&st.stderr)
+    );
+    for line in [
+        "PASS  ranks reachable          2 ranks",
+        "PASS  communication            mpi backend:",
+        "PASS  ping-pong 1 KiB",
+        "PASS  all-gather 64 MiB",
+        "PASS  fingerprints",
+    ] {
         assert!(stdout.contains(line), "missing '{line}' in:\n{stdout}");
     }
     // Only rank 0 prints the checklist.

@@ -17,7 +17,9 @@ fn a_good_configuration_passes_every_check() {
         .success()
         .stdout(contains("PASS  model file"))
         .stdout(contains("PASS  architecture             llama, 30 layers"))
-        .stdout(contains("PASS  tokenizer                gpt2 (smollm), 49152 tokens"))
+        .stdout(contains(
+            "PASS  tokenizer                gpt2 (smollm), 49152 tokens",
+        ))
         .stdout(contains("PASS  memory                   need about"))
         .stdout(contains("0 failed"));
 }
@@ -60,5 +62,7 @@ fn distributed_checks_on_local_ranks() {
         .stdout(contains("PASS  ranks reachable          3 ranks"))
         .stdout(contains("PASS  ping-pong 64 MiB"))
         .stdout(contains("PASS  all-gather 64 MiB"))
-        .stdout(contains("PASS  fingerprints             same model, data, tokenizer and options on all 3 ranks"));
+        .stdout(contains(
+            "PASS  fingerprints             same model, data, tokenizer and options on all 3 ranks",
+        ));
 }
