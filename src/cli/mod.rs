@@ -148,6 +148,10 @@ pub struct EvalArgs {
     /// Also write the HTML report [default path: --output with .html, else report.html].
     #[arg(long, num_args = 0..=1, value_name = "PATH")]
     report: Option<Option<PathBuf>>,
+    /// Compare with a previous results.json: explain a difference larger than its 95% CI
+    /// (and exit 1).
+    #[arg(long, value_name = "RESULTS.json")]
+    expect: Option<PathBuf>,
     /// No progress and no summary (the JSON file still gets written).
     #[arg(short, long)]
     quiet: bool,
@@ -454,6 +458,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let resolved = args.resolve()?;
             let cfg = &resolved.eval;
             let opts = args.run_options()?;
+            let expected = match &args.expect {
+                Some(p) => Some(report::load(p).map_err(|e| anyhow::anyhow!("--expect: {e}"))?),
+                None => None,
+            };
             let results = match args.backend() {
                 Backend::Local => {
                     configure_threads(pipeline::threads_per_rank(cfg.threads, cfg.ranks));
@@ -497,6 +505,13 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             if !args.quiet {
                 print!("{}", results.summary());
+            }
+            if let Some(prev) = &expected {
+                let verdict = report::compare::expectation(prev, &results);
+                if !verdict.ok {
+                    bail!("--expect: {}", verdict.message);
+                }
+                eprintln!("--expect: {}", verdict.message);
             }
             Ok(ExitCode::SUCCESS)
         }

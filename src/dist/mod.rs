@@ -35,7 +35,7 @@ pub enum CommError {
         host: String,
         reason: String,
     },
-    #[error("no message from rank {peer} within {seconds} s (rank {rank} waited); a rank may have died or hung: check its log, the network and firewall, and re-run")]
+    #[error("no message from rank {peer} within {seconds} s (rank {rank} waited, PPL_COMM_TIMEOUT); it may have died, hung or lost its network link: check its log, the network and firewall between the nodes, run `ppl validate --distributed`, then re-run")]
     Timeout {
         rank: usize,
         peer: String,

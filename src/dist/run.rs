@@ -212,8 +212,27 @@ fn serve(
     let mut ranks = vec![RankStats::default(); size];
     let mut finals = 0;
     let mut comm_s = 0.0;
+    let mut finished = vec![false; size];
+    finished[0] = true;
     while finals < size - 1 {
-        let (src, bytes) = comm.recv_any(tag::TO_ROOT)?;
+        let (src, bytes) = match comm.recv_any(tag::TO_ROOT) {
+            Ok(m) => m,
+            // Name the ranks that never finished instead of "any".
+            Err(CommError::Timeout { rank, seconds, .. }) => {
+                let missing: Vec<String> = (0..size)
+                    .filter(|&r| !finished[r])
+                    .map(|r| r.to_string())
+                    .collect();
+                shared.stop.store(true, Ordering::Relaxed);
+                return Err(CommError::Timeout {
+                    rank,
+                    peer: missing.join(", "),
+                    seconds,
+                }
+                .into());
+            }
+            Err(e) => return Err(e.into()),
+        };
         let t = Instant::now();
         match decode::<ToRoot>(src, &bytes)? {
             ToRoot::Results(r) => shared.deliver(r),
@@ -231,6 +250,7 @@ fn serve(
             }
             ToRoot::Final(stats) => {
                 ranks[src] = stats;
+                finished[src] = true;
                 finals += 1;
             }
             ToRoot::Failed(reason) => {
@@ -339,6 +359,16 @@ fn worker(
     sched: Schedule,
     clock: &mut Clock,
 ) -> Result<(), RunError> {
+    // Testing aid (PPL_DEBUG_STALL_RANK=R): rank R goes silent, as a hung or unplugged node
+    // would, so that the bounded wait and its message can be tested.
+    if std::env::var("PPL_DEBUG_STALL_RANK")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        == Some(comm.rank())
+    {
+        std::thread::sleep(super::comm_timeout() * 3);
+        return Ok(());
+    }
     match sched {
         Schedule::Static => {
             let mine = schedule::static_share(windows.len(), comm.rank(), comm.size());

@@ -124,3 +124,96 @@ pub fn compare(runs: &[NamedRun]) -> Vec<Row> {
         })
         .collect()
 }
+
+/// The outcome of `ppl eval --expect previous.json`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Expectation {
+    /// False when the new PPL falls outside the previous run's 95% interval.
+    pub ok: bool,
+    pub message: String,
+}
+
+/// Scoring options that change results (batch size, threads, ranks and schedule do not).
+const RESULT_KEYS: [&str; 8] = [
+    "method",
+    "ctx",
+    "stride",
+    "chunks",
+    "max_tokens",
+    "precision",
+    "seed",
+    "bootstrap_samples",
+];
+
+/// Compares a run with a previous one of (supposedly) the same configuration, and explains a
+/// difference by what changed: options, seed, model, data, tokenizer or ppl version.
+pub fn expectation(prev: &Results, now: &Results) -> Expectation {
+    let mut changed = Vec::new();
+    for key in RESULT_KEYS {
+        let (a, b) = (prev.config.get(key), now.config.get(key));
+        if a != b {
+            let show =
+                |v: Option<&serde_json::Value>| v.map_or("unset".to_string(), |v| v.to_string());
+            changed.push(format!("{key}: {} → {}", show(a), show(b)));
+        }
+    }
+    if prev.model.sha256 != now.model.sha256 {
+        changed.push(format!(
+            "model file: sha256 {}… → {}…",
+            &prev.model.sha256[..12.min(prev.model.sha256.len())],
+            &now.model.sha256[..12.min(now.model.sha256.len())]
+        ));
+    }
+    if prev.data.sha256 != now.data.sha256 {
+        changed.push(format!(
+            "data: sha256 {}… → {}…",
+            &prev.data.sha256[..12.min(prev.data.sha256.len())],
+            &now.data.sha256[..12.min(now.data.sha256.len())]
+        ));
+    }
+    if prev.model.tokenizer_sha256 != now.model.tokenizer_sha256 {
+        changed.push("tokenizer".into());
+    }
+    if prev.ppl_version != now.ppl_version {
+        changed.push(format!(
+            "ppl version: {} → {}",
+            prev.ppl_version, now.ppl_version
+        ));
+    }
+    let delta = now.ppl - prev.ppl;
+    let explain = if changed.is_empty() {
+        "nothing that should change the result changed (same options, seed, model, data and tokenizer)".to_string()
+    } else {
+        format!("what changed: {}", changed.join("; "))
+    };
+    if now.ppl.to_bits() == prev.ppl.to_bits() {
+        return Expectation {
+            ok: true,
+            message: format!("matches the expected run bit for bit (PPL {:.4})", now.ppl),
+        };
+    }
+    let inside = prev
+        .ci95
+        .is_some_and(|[lo, hi]| lo <= now.ppl && now.ppl <= hi);
+    if inside {
+        Expectation {
+            ok: true,
+            message: format!("PPL {:.4} differs from the expected {:.4} by {delta:+.4}, inside its 95% CI; {explain}", now.ppl, prev.ppl),
+        }
+    } else {
+        let hint = if changed.is_empty() {
+            "; a difference with identical inputs points at nondeterminism: please report it with both results files"
+        } else {
+            ""
+        };
+        Expectation {
+            ok: false,
+            message: format!(
+                "PPL {:.4} differs from the expected {:.4} by {delta:+.4}, more than its 95% CI {}; {explain}{hint}",
+                now.ppl,
+                prev.ppl,
+                prev.ci95.map_or("(none recorded)".into(), |[a, b]| format!("[{a:.4}, {b:.4}]"))
+            ),
+        }
+    }
+}
