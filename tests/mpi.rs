@@ -136,7 +136,7 @@ fn validate_under_mpirun_measures_the_link() {
         "PASS  ranks reachable          2 ranks",
         "PASS  communication            mpi backend:",
         "PASS  ping-pong 1 KiB",
-        "PASS  all-gather 64 MiB",
+        "PASS  all-reduce 64 MiB",
         "PASS  fingerprints",
     ] {
         assert!(stdout.contains(line), "missing '{line}' in:\n{stdout}");

@@ -61,7 +61,7 @@ fn distributed_checks_on_local_ranks() {
         .success()
         .stdout(contains("PASS  ranks reachable          3 ranks"))
         .stdout(contains("PASS  ping-pong 64 MiB"))
-        .stdout(contains("PASS  all-gather 64 MiB"))
+        .stdout(contains("PASS  all-reduce 64 MiB"))
         .stdout(contains(
             "PASS  fingerprints             same model, data, tokenizer and options on all 3 ranks",
         ));

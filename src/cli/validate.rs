@@ -5,7 +5,7 @@
 //! the data; the resolved configuration against the model; memory (planner estimate against
 //! what the machine or cgroup allows); the quantizer. With `--distributed` (under `mpirun`,
 //! or with `--ranks N` locally): every rank reachable, the communication library, ping-pong
-//! latency and bandwidth between rank 0 and every other rank, all-gather timings from 1 KiB
+//! latency and bandwidth between rank 0 and every other rank, all-reduce timings from 1 KiB
 //! to 64 MiB, and the same model/data/tokenizer/options fingerprints on every rank.
 
 use std::collections::BTreeMap;
@@ -327,15 +327,21 @@ fn distributed_checks(
     }
     for size in [1usize << 10, 1 << 20, 64 << 20] {
         comm.barrier()?;
+        let values = vec![1i128; size / 16];
         let t = Instant::now();
-        let all = comm.all_gather(vec![1u8; size / comm.size().max(1)])?;
+        let sum = comm.all_reduce_sum_i128(&values)?;
         let secs = t.elapsed().as_secs_f64();
         if root {
-            let ok = all.len() == comm.size();
+            let ok = sum.len() == values.len() && sum.iter().all(|&v| v == comm.size() as i128);
             list.add(
                 if ok { Status::Pass } else { Status::Fail },
-                &format!("all-gather {}", human(size)),
-                format!("{} for {} ranks", ms(secs), comm.size()),
+                &format!("all-reduce {}", human(size)),
+                format!(
+                    "{} for {} ranks (exact integer sum{})",
+                    ms(secs),
+                    comm.size(),
+                    if ok { "" } else { " WRONG" }
+                ),
             );
         }
     }
