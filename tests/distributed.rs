@@ -18,33 +18,6 @@ fn with(extra: &[&str]) -> Vec<&'static str> {
     v
 }
 
-pub fn assert_same_numbers(a: &ppl::report::Results, b: &ppl::report::Results) {
-    assert_eq!(
-        a.ppl.to_bits(),
-        b.ppl.to_bits(),
-        "PPL {} vs {}",
-        a.ppl,
-        b.ppl
-    );
-    assert_eq!(a.ppl_err.map(f64::to_bits), b.ppl_err.map(f64::to_bits));
-    assert_eq!(
-        a.ci95.map(|c| c.map(f64::to_bits)),
-        b.ci95.map(|c| c.map(f64::to_bits))
-    );
-    assert_eq!(a.accumulator, b.accumulator);
-    let wa: Vec<(usize, i128)> = a
-        .windows
-        .iter()
-        .map(|w| (w.index, w.nll_sum_fixed))
-        .collect();
-    let wb: Vec<(usize, i128)> = b
-        .windows
-        .iter()
-        .map(|w| (w.index, w.nll_sum_fixed))
-        .collect();
-    assert_eq!(wa, wb);
-}
-
 #[test]
 fn world_sizes_and_schedules_give_identical_bits() {
     let base = eval(&with(&["--ranks", "1"]));
@@ -61,7 +34,7 @@ fn world_sizes_and_schedules_give_identical_bits() {
             ]));
             assert_eq!(r.world.size, ranks.parse::<usize>().unwrap());
             assert_eq!(r.world.backend, "local");
-            assert_same_numbers(&base, &r);
+            common::assert_same_numbers(&base, &r);
             // Every rank reported, and together they scored every window once.
             assert_eq!(r.ranks.len(), r.world.size);
             assert_eq!(

@@ -68,19 +68,7 @@ fn mpirun_world_sizes_give_the_single_process_bits() {
             let r: Results = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
             assert_eq!(r.world.backend, "mpi");
             assert_eq!(r.world.size, np.parse::<usize>().unwrap());
-            assert_eq!(
-                r.ppl.to_bits(),
-                base.ppl.to_bits(),
-                "np {np} {schedule}: {} vs {}",
-                r.ppl,
-                base.ppl
-            );
-            assert_eq!(r.ppl_err.map(f64::to_bits), base.ppl_err.map(f64::to_bits));
-            assert_eq!(
-                r.ci95.map(|c| c.map(f64::to_bits)),
-                base.ci95.map(|c| c.map(f64::to_bits))
-            );
-            assert_eq!(r.accumulator, base.accumulator);
+            common::assert_same_numbers(&base, &r);
             assert_eq!(r.ranks.iter().map(|s| s.windows).sum::<usize>(), 12);
         }
     }

@@ -71,26 +71,6 @@ fn f32_matches_pytorch_within_0_05_percent() {
     assert_eq!(sum, r.accumulator.sum);
 }
 
-/// Everything that must not change when only batching or threading changes.
-fn assert_bit_identical(a: &ppl::report::Results, b: &ppl::report::Results) {
-    assert_eq!(
-        a.ppl.to_bits(),
-        b.ppl.to_bits(),
-        "PPL {} vs {}",
-        a.ppl,
-        b.ppl
-    );
-    assert_eq!(a.accumulator, b.accumulator);
-    assert_eq!(a.ppl_err.map(f64::to_bits), b.ppl_err.map(f64::to_bits));
-    assert_eq!(
-        a.ci95.map(|c| c.map(f64::to_bits)),
-        b.ci95.map(|c| c.map(f64::to_bits))
-    );
-    let wa: Vec<i128> = a.windows.iter().map(|w| w.nll_sum_fixed).collect();
-    let wb: Vec<i128> = b.windows.iter().map(|w| w.nll_sum_fixed).collect();
-    assert_eq!(wa, wb);
-}
-
 #[test]
 fn batch_size_does_not_change_a_bit() {
     for precision in ["native", "f32"] {
@@ -110,7 +90,7 @@ fn batch_size_does_not_change_a_bit() {
             "--batch-size",
             "4",
         ]);
-        assert_bit_identical(&b1, &b4);
+        common::assert_same_numbers(&b1, &b4);
     }
 }
 
@@ -120,7 +100,7 @@ fn thread_count_does_not_change_a_bit() {
         let t1 = eval(&["--chunks", "3", "--precision", precision, "--threads", "1"]);
         let t2 = eval(&["--chunks", "3", "--precision", precision, "--threads", "2"]);
         assert_eq!(t1.system.threads, 1);
-        assert_bit_identical(&t1, &t2);
+        common::assert_same_numbers(&t1, &t2);
     }
 }
 

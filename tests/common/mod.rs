@@ -81,3 +81,32 @@ pub fn eval(args: &[&str]) -> Results {
     guard.insert(key, r.clone());
     r
 }
+
+/// Everything that must be bit-identical between two runs of the same windows: PPL, ±, CI,
+/// the exact totals and every window's fixed-point sum.
+pub fn assert_same_numbers(a: &Results, b: &Results) {
+    assert_eq!(
+        a.ppl.to_bits(),
+        b.ppl.to_bits(),
+        "PPL {} vs {}",
+        a.ppl,
+        b.ppl
+    );
+    assert_eq!(a.ppl_err.map(f64::to_bits), b.ppl_err.map(f64::to_bits));
+    assert_eq!(
+        a.ci95.map(|c| c.map(f64::to_bits)),
+        b.ci95.map(|c| c.map(f64::to_bits))
+    );
+    assert_eq!(a.accumulator, b.accumulator);
+    let wa: Vec<(usize, i128)> = a
+        .windows
+        .iter()
+        .map(|w| (w.index, w.nll_sum_fixed))
+        .collect();
+    let wb: Vec<(usize, i128)> = b
+        .windows
+        .iter()
+        .map(|w| (w.index, w.nll_sum_fixed))
+        .collect();
+    assert_eq!(wa, wb);
+}
