@@ -34,24 +34,25 @@ pub fn differences(a: &Fingerprints, b: &Fingerprints) -> Vec<String> {
     let short = |s: &str| s.chars().take(12).collect::<String>();
     let mut out = Vec::new();
     let who = format!("rank {} ({})", b.rank, b.host);
-    if a.model_sha256 != b.model_sha256 {
-        out.push(format!(
-            "{who}: different model file: {} (sha256 {}…) vs rank 0's {} (sha256 {}…)",
-            b.model_path,
-            short(&b.model_sha256),
-            a.model_path,
-            short(&a.model_sha256)
-        ));
-    }
-    if a.data_sha256 != b.data_sha256 {
-        out.push(format!(
-            "{who}: different data file: {} (sha256 {}…) vs rank 0's {} (sha256 {}…)",
-            b.data_path,
-            short(&b.data_sha256),
-            a.data_path,
-            short(&a.data_sha256)
-        ));
-    }
+    let mut file = |what: &str, (pb, hb): (&str, &str), (pa, ha): (&str, &str)| {
+        if hb != ha {
+            out.push(format!(
+                "{who}: different {what} file: {pb} (sha256 {}…) vs rank 0's {pa} (sha256 {}…)",
+                short(hb),
+                short(ha)
+            ));
+        }
+    };
+    file(
+        "model",
+        (&b.model_path, &b.model_sha256),
+        (&a.model_path, &a.model_sha256),
+    );
+    file(
+        "data",
+        (&b.data_path, &b.data_sha256),
+        (&a.data_path, &a.data_sha256),
+    );
     if a.tokenizer_sha256 != b.tokenizer_sha256 {
         out.push(format!(
             "{who}: different tokenizer (sha256 {}… vs rank 0's {}…)",

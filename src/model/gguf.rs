@@ -260,10 +260,18 @@ impl<'a> Cursor<'a> {
         Ok(self.take(1, what)?[0])
     }
     fn u32(&mut self, what: &dyn Fn() -> String) -> Result<u32> {
-        Ok(u32::from_le_bytes(self.take(4, what)?.try_into().unwrap()))
+        Ok(u32::from_le_bytes(
+            self.take(4, what)?
+                .try_into()
+                .expect("take(4) yields 4 bytes"),
+        ))
     }
     fn u64(&mut self, what: &dyn Fn() -> String) -> Result<u64> {
-        Ok(u64::from_le_bytes(self.take(8, what)?.try_into().unwrap()))
+        Ok(u64::from_le_bytes(
+            self.take(8, what)?
+                .try_into()
+                .expect("take(8) yields 8 bytes"),
+        ))
     }
     fn string(&mut self, what: &dyn Fn() -> String) -> Result<String> {
         let len = self.u64(what)?;
@@ -287,8 +295,16 @@ impl<'a> Cursor<'a> {
         Ok(match type_id {
             0 => Value::U8(self.u8(what)?),
             1 => Value::I8(self.u8(what)? as i8),
-            2 => Value::U16(u16::from_le_bytes(self.take(2, what)?.try_into().unwrap())),
-            3 => Value::I16(i16::from_le_bytes(self.take(2, what)?.try_into().unwrap())),
+            2 => Value::U16(u16::from_le_bytes(
+                self.take(2, what)?
+                    .try_into()
+                    .expect("take(2) yields 2 bytes"),
+            )),
+            3 => Value::I16(i16::from_le_bytes(
+                self.take(2, what)?
+                    .try_into()
+                    .expect("take(2) yields 2 bytes"),
+            )),
             4 => Value::U32(self.u32(what)?),
             5 => Value::I32(self.u32(what)? as i32),
             6 => Value::F32(f32::from_bits(self.u32(what)?)),
@@ -369,7 +385,7 @@ impl GgufFile {
                 len: bytes.len() as u64,
             });
         }
-        let magic: [u8; 4] = bytes[..4].try_into().unwrap();
+        let magic: [u8; 4] = bytes[..4].try_into().expect("length checked above");
         if &magic != b"GGUF" {
             return Err(GgufError::BadMagic {
                 path: path.to_path_buf(),
