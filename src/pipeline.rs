@@ -19,16 +19,23 @@ use serde::Serialize;
 
 use crate::data::{self, windows, DataError, Method, WindowPlan};
 use crate::dist::agreement::{self, AgreementError, Fingerprints};
+use crate::dist::codec::CommDtype;
+use crate::dist::group::{base, Group, Metered};
+use crate::dist::mesh::{self, ParallelDims, RequestedDims};
+use crate::dist::parallel::StageRunner;
+use crate::dist::run::ModelScorer;
 use crate::dist::run::{self as dp, RunError};
 use crate::dist::schedule::Schedule;
 use crate::dist::{local, CommError, Communicator};
 use crate::eval::{stats, NllAccumulator};
 use crate::fingerprint;
-use crate::model::{gguf, memory, GgufFile, Llama, LlamaConfig, ModelError, Precision};
+use crate::model::{
+    gguf, memory, shard, GgufFile, Llama, LlamaConfig, ModelError, Partition, Precision,
+};
 use crate::report::progress::{Progress, ProgressMode};
 use crate::report::{
-    DataInfo, MemoryReport, ModelInfo, Results, SystemInfo, Timings, WindowRecord, WorldInfo,
-    SCHEMA_VERSION,
+    DataInfo, MemoryReport, MeshInfo, MeshRank, ModelInfo, Results, SystemInfo, Timings,
+    WindowRecord, WorldInfo, SCHEMA_VERSION,
 };
 use crate::tokenize::{TokenizeError, Tokenizer};
 
@@ -53,6 +60,11 @@ pub struct EvalConfig {
     /// Ranks of the `local` backend (the MPI world size decides under `mpirun`).
     pub ranks: usize,
     pub schedule: Schedule,
+    /// Requested parallel degrees (`--dp-replicate/--dp-shard/--tp/--pp/--cp`); resolved
+    /// against the world size by [`EvalConfig::dims`].
+    pub parallel: RequestedDims,
+    /// Type of activations on the wire between model-parallel ranks.
+    pub comm_dtype: CommDtype,
 }
 
 impl EvalConfig {
@@ -68,9 +80,52 @@ impl EvalConfig {
             "max_tokens": self.max_tokens,
             "precision": self.precision,
             "bootstrap_samples": self.bootstrap_samples,
+            "parallel": self.parallel,
+            "comm_dtype": self.comm_dtype,
         })
         .to_string()
     }
+
+    /// The mesh for a world of `world` ranks: plain data parallelism (every rank a whole
+    /// replica) unless a parallel degree was given, then torchtune's rules.
+    pub fn dims(&self, world: usize) -> Result<ParallelDims, EvalError> {
+        if !self.parallel.any() {
+            return Ok(ParallelDims {
+                dp_replicate: world,
+                dp_shard: 1,
+                tp: 1,
+                cp: 1,
+                pp: 1,
+            });
+        }
+        ParallelDims::resolve(&self.parallel, world).map_err(|e| EvalError::Config(e.to_string()))
+    }
+}
+
+/// What rank `rank` of mesh `dims` holds of a model with `n_layers` blocks.
+pub fn partition(dims: &ParallelDims, rank: usize, n_layers: usize) -> Partition {
+    let c = dims.coords(rank);
+    Partition {
+        layers: mesh::stage_layers(n_layers, dims.pp, c.pp),
+        embed: c.pp == 0,
+        head: c.pp + 1 == dims.pp,
+        tp_rank: c.tp,
+        tp: dims.tp,
+        fsdp_rank: c.dp_shard,
+        fsdp: dims.dp_shard,
+    }
+}
+
+/// Checks a mesh against the model before any weight is loaded.
+fn check_mesh(dims: &ParallelDims, g: &GgufFile, mc: &LlamaConfig) -> Result<(), EvalError> {
+    if dims.pp > mc.n_layers {
+        return Err(EvalError::Config(format!(
+            "--pp {} exceeds the model's {} layers: every pipeline stage needs at least one layer; use --pp {} or less",
+            dims.pp, mc.n_layers, mc.n_layers
+        )));
+    }
+    shard::check_tensor_parallel(g, mc, dims.tp)?;
+    Ok(())
 }
 
 /// Display and testing options that are not part of the scoring configuration.
@@ -293,6 +348,7 @@ pub fn setup_rank(
     let gguf = GgufFile::open(&cfg.model)?;
     let mc = LlamaConfig::from_gguf(&gguf)?;
     check_config(cfg, &mc)?;
+    check_mesh(&cfg.dims(comm.size())?, &gguf, &mc)?;
     let tok = Tokenizer::from_gguf(&gguf)?;
     if tok.vocab_size != mc.vocab_size {
         return Err(EvalError::Model(ModelError::Invalid {
@@ -365,20 +421,96 @@ pub fn run_rank(
     progress: Option<&Mutex<Progress>>,
 ) -> Result<Option<Results>, EvalError> {
     let plan = &setup.prepared.plan;
+    let dims = cfg.dims(comm.size())?;
     let t_eval = Instant::now();
-    let gathered = dp::run(
-        comm,
-        model,
-        &plan.windows,
-        cfg.batch_size,
-        cfg.schedule,
-        threads,
-        |r| {
-            if let Some(p) = progress {
-                p.lock().unwrap_or_else(|e| e.into_inner()).update(r);
+    let on_results = |r: &[crate::eval::WindowResult]| {
+        if let Some(p) = progress {
+            p.lock().unwrap_or_else(|e| e.into_inner()).update(r);
+        }
+    };
+    let (gathered, mesh_info) = if !dims.splits_model() {
+        let mut scorer = ModelScorer {
+            model,
+            windows: &plan.windows,
+        };
+        let g = dp::run(
+            comm,
+            &mut scorer,
+            &plan.windows,
+            cfg.batch_size,
+            cfg.schedule,
+            threads,
+            on_results,
+        )?;
+        (g, None)
+    } else {
+        // Model-parallel traffic and the data-parallel protocol's are metered apart: the
+        // first is timed per step, the second is timed by the protocol itself.
+        let metered = Metered::new(comm);
+        let dp_metered = Metered::new(comm);
+        let mut runner = StageRunner::new(&metered, dims, model, &plan.windows, cfg.comm_dtype);
+        let gathered = if runner.is_leader() {
+            let replicas = Group::new(&dp_metered, dims.leaders(), base::DATA_PARALLEL);
+            dp::run(
+                &replicas,
+                &mut runner,
+                &plan.windows,
+                cfg.batch_size,
+                cfg.schedule,
+                threads,
+                on_results,
+            )?
+        } else {
+            if let Err(e) = runner.follow() {
+                comm.abort(&e.to_string());
+                return Err(e.into());
             }
-        },
-    )?;
+            None
+        };
+        let traffic = metered.traffic();
+        let dp_traffic = dp_metered.traffic();
+        let part = &model.partition;
+        let me = MeshRank {
+            rank: comm.rank(),
+            host: comm.host(),
+            coords: dims.coords(comm.rank()),
+            layers: [part.layers.start, part.layers.end],
+            embedding: part.embed,
+            output: part.head,
+            weights_bytes: model.weights_bytes(),
+            peak_rss_bytes: fingerprint::peak_rss_bytes(),
+            bytes_sent: traffic.bytes_sent + dp_traffic.bytes_sent,
+            bytes_received: traffic.bytes_received + dp_traffic.bytes_received,
+            comm_s: traffic.seconds,
+            compute_s: (runner.figures.busy_s - runner.figures.step_comm_s).max(0.0),
+            steps: runner.figures.steps,
+        };
+        let all = metered.gather(0, serde_json::to_vec(&me).expect("mesh figures serialize"))?;
+        let Some(all) = all else {
+            return Ok(None);
+        };
+        let ranks = all
+            .iter()
+            .enumerate()
+            .map(|(r, b)| {
+                serde_json::from_slice::<MeshRank>(b).map_err(|e| {
+                    EvalError::Comm(CommError::Protocol {
+                        from: r,
+                        detail: e.to_string(),
+                    })
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        (
+            gathered,
+            Some(MeshInfo {
+                dims,
+                comm_dtype: cfg.comm_dtype,
+                layout: dims.describe(),
+                ranks,
+            }),
+        )
+    };
     let eval_s = t_eval.elapsed().as_secs_f64();
     let Some(gathered) = gathered else {
         return Ok(None);
@@ -503,6 +635,7 @@ pub fn run_rank(
             schedule: cfg.schedule,
         },
         ranks: gathered.ranks,
+        mesh: mesh_info,
         hardest,
         memory: None,
     }))
@@ -578,7 +711,20 @@ pub fn evaluate_rank(
             return Err(e);
         }
     };
-    let memory = match plan_memory(cfg, &setup, 1, ranks_on_this_node()) {
+    let part = match cfg.dims(comm.size()) {
+        Ok(dims) => partition(&dims, comm.rank(), setup.mc.n_layers),
+        Err(e) => {
+            comm.abort(&e.to_string());
+            return Err(e);
+        }
+    };
+    let memory = match plan_memory(
+        cfg,
+        &setup,
+        1,
+        ranks_on_this_node(),
+        std::slice::from_ref(&part),
+    ) {
         Ok(m) => m,
         Err(e) => {
             comm.abort(&e.to_string());
@@ -586,7 +732,7 @@ pub fn evaluate_rank(
         }
     };
     let t_load = Instant::now();
-    let model = match Llama::from_gguf(&setup.gguf, cfg.precision) {
+    let model = match Llama::from_gguf_part(&setup.gguf, cfg.precision, &part) {
         Ok(m) => m,
         Err(e) => {
             comm.abort(&e.to_string());
@@ -629,6 +775,7 @@ fn plan_memory(
     setup: &RankSetup,
     ranks_in_process: usize,
     processes_on_node: usize,
+    parts: &[Partition],
 ) -> Result<MemoryReport, EvalError> {
     let est = |precision, batch, ranks| {
         memory::estimate(
@@ -639,6 +786,7 @@ fn plan_memory(
             cfg.ctx,
             ranks,
             setup.tok.vocab_size,
+            parts,
         )
     };
     let e = est(cfg.precision, cfg.batch_size, ranks_in_process);
@@ -738,13 +886,42 @@ pub fn evaluate(cfg: &EvalConfig, opts: &RunOptions) -> Result<Results, EvalErro
         handles.into_iter().map(join_rank).collect()
     });
     let setups = first_error(setups)?;
-    let memory = plan_memory(cfg, &setups[0], n, 1)?;
+    let dims = cfg.dims(n)?;
+    let mc = &setups[0].mc;
+    // Ranks holding the same part of the model share one copy of it.
+    let rank_parts: Vec<Partition> = (0..n)
+        .map(|r| {
+            if dims.splits_model() {
+                partition(&dims, r, mc.n_layers)
+            } else {
+                Partition::full(mc.n_layers)
+            }
+        })
+        .collect();
+    let mut parts: Vec<Partition> = Vec::new();
+    for p in &rank_parts {
+        if !parts.contains(p) {
+            parts.push(p.clone());
+        }
+    }
+    let memory = plan_memory(cfg, &setups[0], n, 1, &parts)?;
 
     let t_load = Instant::now();
-    let model = Llama::from_gguf(&setups[0].gguf, cfg.precision)?;
+    let models = parts
+        .iter()
+        .map(|p| Llama::from_gguf_part(&setups[0].gguf, cfg.precision, p))
+        .collect::<Result<Vec<_>, _>>()?;
+    let model_of = |rank: usize| {
+        let i = parts
+            .iter()
+            .position(|p| *p == rank_parts[rank])
+            .expect("every rank's part was loaded");
+        &models[i]
+    };
     let load_s = t_load.elapsed().as_secs_f64();
     tracing::info!(
-        "model loaded once for {n} rank(s) in {load_s:.2} s ({} precision)",
+        "{} model part(s) loaded for {n} rank(s) in {load_s:.2} s ({} precision)",
+        parts.len(),
         cfg.precision
     );
     let progress = new_progress(opts, &setups[0].prepared.plan);
@@ -755,7 +932,7 @@ pub fn evaluate(cfg: &EvalConfig, opts: &RunOptions) -> Result<Results, EvalErro
             .iter()
             .zip(&setups)
             .map(|(c, setup)| {
-                let (model, progress) = (&model, &progress);
+                let (model, progress) = (model_of(c.rank()), &progress);
                 s.spawn(move || -> Result<Option<Results>, EvalError> {
                     let rank = c.rank();
                     let pool = rayon::ThreadPoolBuilder::new()

@@ -98,6 +98,10 @@ const SCHEMA: &[(&str, Kind)] = &[
         },
     ),
     (
+        "parallel.comm_dtype",
+        Kind::Choice(&["f32", "bf16", "f16", "int8"]),
+    ),
+    (
         "evaluation.batch_size",
         Kind::Int {
             min: 1,

@@ -16,6 +16,8 @@ use self::config::Config;
 use clap::{Args, Parser, Subcommand};
 
 use crate::data::Method;
+use crate::dist::codec::CommDtype;
+use crate::dist::mesh::{ParallelDims, RequestedDims};
 use crate::dist::schedule::Schedule;
 use crate::model::{fetch, GgufFile, Precision};
 use crate::pipeline::{self, EvalConfig, RunOptions};
@@ -124,6 +126,25 @@ pub struct EvalArgs {
     /// Ranks of the local backend: threads sharing one copy of the weights [default: 1].
     #[arg(long)]
     ranks: Option<usize>,
+    /// Data-parallel replicas, each holding a whole copy of the model (or of its shards).
+    #[arg(long, value_name = "N")]
+    dp_replicate: Option<i64>,
+    /// FSDP degree: each rank of a shard group stores 1/N of every layer and gathers it just
+    /// before use; -1 = the ranks left over by the other degrees.
+    #[arg(long, value_name = "N", allow_hyphen_values = true)]
+    dp_shard: Option<i64>,
+    /// Tensor-parallel degree: heads, MLP channels and vocabulary split across N ranks.
+    #[arg(long, value_name = "N")]
+    tp: Option<i64>,
+    /// Pipeline-parallel degree: the layers split into N consecutive stages.
+    #[arg(long, value_name = "N")]
+    pp: Option<i64>,
+    /// Context-parallel degree (not supported yet: 1 only).
+    #[arg(long, value_name = "N")]
+    cp: Option<i64>,
+    /// Activations between model-parallel ranks: f32 (exact) or compressed [default: f32].
+    #[arg(long, value_enum)]
+    comm_dtype: Option<CommDtype>,
     /// How windows are distributed over ranks [default: static].
     #[arg(long, value_enum)]
     schedule: Option<Schedule>,
@@ -226,11 +247,6 @@ impl EvalArgs {
     pub fn resolve(&self) -> anyhow::Result<Resolved> {
         let c = self.load_config()?;
         let uint = |k: &str| c.int(k).filter(|&i| i >= 0).map(|i| i as usize);
-        for key in ["parallel.tp", "parallel.cp", "parallel.pp"] {
-            if let Some(n) = c.int(key).filter(|&n| n > 1) {
-                bail!("{key} = {n}: tensor, context and pipeline parallelism are not supported yet; set it to 1 (data parallelism: dp_replicate, dp_shard)");
-            }
-        }
         if let Some(q) = c.str("evaluation.quantizer.type").filter(|q| *q != "none") {
             bail!("evaluation.quantizer.type = {q}: quantization at load is not supported yet; use a quantized GGUF, or set type: none");
         }
@@ -243,11 +259,41 @@ impl EvalArgs {
             (None, Some("native")) | (None, None) => Precision::Native,
             (None, Some(p)) => bail!("evaluation.precision = {p}: {p} activations are not supported yet; use f32 or native"),
         };
-        let dp = match (uint("parallel.dp_replicate"), c.int("parallel.dp_shard")) {
-            (None, None) | (_, Some(-1)) => None,
-            (r, s) => Some(r.unwrap_or(1) * s.unwrap_or(1) as usize),
+        let parallel = RequestedDims {
+            dp_replicate: self.dp_replicate.or(c.int("parallel.dp_replicate")),
+            dp_shard: self.dp_shard.or(c.int("parallel.dp_shard")),
+            tp: self.tp.or(c.int("parallel.tp")),
+            cp: self.cp.or(c.int("parallel.cp")),
+            pp: self.pp.or(c.int("parallel.pp")),
         };
+        // Degrees of 1 everywhere ask for nothing: plain data parallelism.
+        let parallel = if [
+            parallel.dp_replicate,
+            parallel.dp_shard,
+            parallel.tp,
+            parallel.cp,
+            parallel.pp,
+        ]
+        .iter()
+        .all(|d| d.is_none() || *d == Some(1))
+        {
+            RequestedDims::default()
+        } else {
+            parallel
+        };
+        let dp = parallel.product();
         let ranks = self.ranks.or(dp).unwrap_or(1);
+        // Check the degrees now when the world is known (local), so the error comes first.
+        if parallel.any() && self.backend() == Backend::Local {
+            ParallelDims::resolve(&parallel, ranks)?;
+        }
+        let comm_dtype = match (self.comm_dtype, c.str("parallel.comm_dtype")) {
+            (Some(d), _) => d,
+            (None, None) => CommDtype::F32,
+            (None, Some(s)) => <CommDtype as clap::ValueEnum>::from_str(s, true).map_err(|_| {
+                anyhow::anyhow!("parallel.comm_dtype = {s}: use f32, bf16, f16 or int8")
+            })?,
+        };
         if ranks == 0 {
             bail!("--ranks must be at least 1");
         }
@@ -329,6 +375,8 @@ impl EvalArgs {
                     .unwrap_or(1000),
                 ranks,
                 schedule,
+                parallel,
+                comm_dtype,
             },
             ranks_given: self.ranks.is_some() || dp.is_some(),
             output,

@@ -218,6 +218,7 @@ fn local_checks(args: &ValidateArgs, list: &mut Checklist) {
         cfg.ctx,
         cfg.ranks,
         tok.vocab_size,
+        &[],
     );
     match memory::available_bytes() {
         Some((avail, source)) => {

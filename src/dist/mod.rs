@@ -11,9 +11,13 @@
 //! data-parallel run in [`crate::pipeline`]) only sees the trait.
 
 pub mod agreement;
+pub mod codec;
+pub mod group;
 pub mod local;
+pub mod mesh;
 #[cfg(feature = "mpi")]
 pub mod mpi;
+pub mod parallel;
 pub mod run;
 pub mod schedule;
 
@@ -25,6 +29,10 @@ pub mod tag {
     pub const BROADCAST: u32 = 2;
     pub const TO_ROOT: u32 = 10;
     pub const ASSIGN: u32 = 11;
+    /// Direct all-gathers and the two halves of the model-parallel all-reduce.
+    pub const GATHER_DIRECT: u32 = 12;
+    pub const REDUCE_SCATTER: u32 = 13;
+    pub const ALL_GATHER_SUMS: u32 = 14;
 }
 
 #[derive(Debug, Clone, thiserror::Error)]
@@ -48,6 +56,9 @@ pub enum CommError {
 }
 
 /// Point-to-point messaging between ranks, plus collectives derived from it.
+///
+/// `send` never waits for the receiver (messages are buffered by the backend), and messages
+/// from one rank with one tag arrive in the order they were sent.
 pub trait Communicator: Send + Sync {
     fn rank(&self) -> usize;
     fn size(&self) -> usize;
@@ -103,6 +114,26 @@ pub trait Communicator: Send + Sync {
             from: 0,
             detail: "malformed all-gather frame".into(),
         })
+    }
+
+    /// Everyone's bytes on every rank, each rank sending its part straight to every other
+    /// (no root in the middle: `(size − 1) · len` bytes out and in per rank). Relies on sends
+    /// that do not wait for the receiver, which both backends provide.
+    fn all_gather_direct(&self, tag: u32, data: Vec<u8>) -> Result<Vec<Vec<u8>>, CommError> {
+        let me = self.rank();
+        for r in (0..self.size()).filter(|&r| r != me) {
+            self.send(r, tag, data.clone())?;
+        }
+        let mut own = Some(data);
+        (0..self.size())
+            .map(|r| {
+                if r == me {
+                    Ok(own.take().unwrap_or_default())
+                } else {
+                    self.recv(r, tag)
+                }
+            })
+            .collect()
     }
 
     fn barrier(&self) -> Result<(), CommError> {

@@ -4,12 +4,17 @@
 //!
 //! Receives poll with a non-blocking matched probe, so that a lost peer becomes a timeout
 //! error naming it (`PPL_COMM_TIMEOUT`) instead of a hang, and `abort` ends the whole job.
+//! Sends are immediate (`MPI_Isend`) on a buffer the communicator owns until MPI is done with
+//! it: `send` never waits for the receiver, as the [`Communicator`] contract requires (a
+//! direct all-gather where every rank sends before it receives would otherwise deadlock on
+//! large messages).
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use mpi::environment::Universe;
 use mpi::point_to_point::MatchedReceiveVec;
+use mpi::request::{Request, StaticScope};
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::{Communicator as _, Destination, Source};
 
@@ -19,9 +24,39 @@ pub struct MpiComm {
     // Kept alive for the life of the communicator: dropping it finalises MPI.
     _universe: Universe,
     world: SimpleCommunicator,
-    /// MPI is initialised with `Threading::Serialized`: one call at a time.
-    lock: Mutex<()>,
+    /// MPI is initialised with `Threading::Serialized`: one call at a time. The lock also
+    /// guards the sends in flight.
+    lock: Mutex<Vec<InFlight>>,
     host: String,
+}
+
+/// An immediate send and the buffer it reads, freed once MPI reports it complete.
+struct InFlight {
+    request: Request<'static, [u8], StaticScope>,
+    buffer: *mut [u8],
+}
+
+impl InFlight {
+    /// Frees the buffer if the send is complete; otherwise gives it back.
+    fn test(self) -> Option<Self> {
+        match self.request.test() {
+            Ok(_) => {
+                // SAFETY: `buffer` came from `Box::leak` in `send` and MPI no longer reads it.
+                drop(unsafe { Box::from_raw(self.buffer) });
+                None
+            }
+            Err(request) => Some(InFlight {
+                request,
+                buffer: self.buffer,
+            }),
+        }
+    }
+}
+
+/// Tests every send in flight, keeping the incomplete ones (called with the MPI lock held).
+fn progress(in_flight: &mut Vec<InFlight>) {
+    let all = std::mem::take(in_flight);
+    in_flight.extend(all.into_iter().filter_map(InFlight::test));
 }
 
 // SAFETY: every MPI call goes through `lock`, which is what the Serialized threading level
@@ -42,7 +77,7 @@ impl MpiComm {
         Ok(Self {
             _universe: universe,
             world,
-            lock: Mutex::new(()),
+            lock: Mutex::new(Vec::new()),
             host,
         })
     }
@@ -97,16 +132,26 @@ impl Communicator for MpiComm {
                 self.size()
             )));
         }
-        let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
-        self.world
+        let buffer: &'static mut [u8] = Box::leak(data.into_boxed_slice());
+        let ptr: *mut [u8] = buffer;
+        let mut in_flight = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: the buffer lives until `InFlight::test` sees the request complete.
+        let request = self
+            .world
             .process_at_rank(dest as i32)
-            .send_with_tag(&data[..], tag as i32);
+            .immediate_send_with_tag(StaticScope, unsafe { &*ptr }, tag as i32);
+        in_flight.push(InFlight {
+            request,
+            buffer: ptr,
+        });
+        progress(&mut in_flight);
         Ok(())
     }
 
     fn recv(&self, src: usize, tag: u32) -> Result<Vec<u8>, CommError> {
         self.poll(&src.to_string(), || {
-            let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+            let mut in_flight = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+            progress(&mut in_flight);
             let matched = self
                 .world
                 .process_at_rank(src as i32)
@@ -135,12 +180,37 @@ impl Communicator for MpiComm {
 
 impl MpiComm {
     fn try_probe_any(&self, tag: u32) -> Option<(usize, Vec<u8>)> {
-        let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        let mut in_flight = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        progress(&mut in_flight);
         let (msg, status) = self
             .world
             .any_process()
             .immediate_matched_probe_with_tag(tag as i32)?;
         let src = status.source_rank() as usize;
         Some((src, (msg, status).matched_receive_vec::<u8>().0))
+    }
+}
+
+impl Drop for MpiComm {
+    /// Waits (bounded by `PPL_COMM_TIMEOUT`) for the sends still in flight before MPI is
+    /// finalised; a send nobody will ever receive is abandoned, not waited for forever.
+    fn drop(&mut self) {
+        let deadline = Instant::now() + comm_timeout();
+        loop {
+            let mut in_flight = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+            progress(&mut in_flight);
+            if in_flight.is_empty() {
+                return;
+            }
+            if Instant::now() >= deadline {
+                // Leak them: dropping an incomplete request aborts the process.
+                for f in in_flight.drain(..) {
+                    std::mem::forget(f.request);
+                }
+                return;
+            }
+            drop(in_flight);
+            std::thread::sleep(Duration::from_micros(200));
+        }
     }
 }

@@ -16,6 +16,32 @@ use crate::data::Window;
 use crate::eval::{self, WindowResult};
 use crate::model::{Llama, ModelError};
 
+/// What scores a unit of windows on a replica: the whole model on this rank
+/// ([`ModelScorer`]), or a model-parallel replica led by this rank
+/// ([`super::parallel::StageRunner`]).
+pub trait Scorer {
+    /// Exact records of the windows `unit` (indices into the run's windows), in unit order.
+    fn score(&mut self, unit: &[usize]) -> Result<Vec<WindowResult>, RunError>;
+    /// Called once when this replica has no more work (a pipeline is told to stop; an FSDP
+    /// shard group keeps this replica joining its gathers until every member is done).
+    fn finish(&mut self) -> Result<(), RunError> {
+        Ok(())
+    }
+}
+
+/// The whole model on this rank.
+pub struct ModelScorer<'a> {
+    pub model: &'a Llama,
+    pub windows: &'a [Window],
+}
+
+impl Scorer for ModelScorer<'_> {
+    fn score(&mut self, unit: &[usize]) -> Result<Vec<WindowResult>, RunError> {
+        let batch: Vec<Window> = unit.iter().map(|&i| self.windows[i].clone()).collect();
+        Ok(eval::score_batch(self.model, &batch)?)
+    }
+}
+
 /// Per-rank figures, gathered on rank 0 into `results.json` under `ranks`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct RankStats {
@@ -90,13 +116,11 @@ impl Clock {
     }
     fn compute(
         &mut self,
-        model: &Llama,
-        windows: &[Window],
+        scorer: &mut dyn Scorer,
         unit: &[usize],
-    ) -> Result<Vec<WindowResult>, ModelError> {
+    ) -> Result<Vec<WindowResult>, RunError> {
         let t = Instant::now();
-        let batch: Vec<Window> = unit.iter().map(|&i| windows[i].clone()).collect();
-        let mut r = eval::score_batch(model, &batch)?;
+        let mut r = scorer.score(unit)?;
         self.stats.compute_s += t.elapsed().as_secs_f64();
         let finished_s = self.start.elapsed().as_secs_f64();
         for w in &mut r {
@@ -131,7 +155,7 @@ fn decode<T: for<'de> Deserialize<'de>>(from: usize, b: &[u8]) -> Result<T, Comm
 /// `on_results` sees every window's record on rank 0 as it arrives (progress display).
 pub fn run(
     comm: &dyn Communicator,
-    model: &Llama,
+    scorer: &mut dyn Scorer,
     windows: &[Window],
     batch_size: usize,
     sched: Schedule,
@@ -150,7 +174,7 @@ pub fn run(
     let outcome = if comm.rank() == 0 {
         root(
             comm,
-            model,
+            scorer,
             windows,
             batch_size,
             sched,
@@ -158,7 +182,7 @@ pub fn run(
             &mut on_results,
         )
     } else {
-        worker(comm, model, windows, batch_size, sched, &mut clock).map(|_| None)
+        worker(comm, scorer, windows, batch_size, sched, &mut clock).map(|_| None)
     };
     match outcome {
         Ok(Some(mut g)) => {
@@ -270,7 +294,7 @@ fn serve(
 
 fn root(
     comm: &dyn Communicator,
-    model: &Llama,
+    scorer: &mut dyn Scorer,
     windows: &[Window],
     batch_size: usize,
     sched: Schedule,
@@ -305,10 +329,10 @@ fn root(
                     .unwrap_or_else(|e| e.into_inner())
                     .pop_front();
                 let Some(unit) = unit else { break };
-                let r = clock.compute(model, windows, &unit)?;
+                let r = clock.compute(scorer, &unit)?;
                 shared.deliver(r);
             }
-            Ok(())
+            clock.idle(|| scorer.finish())
         })();
         if let Err(e) = own {
             // Wake the server (and every rank) before leaving.
@@ -353,7 +377,7 @@ fn root(
 
 fn worker(
     comm: &dyn Communicator,
-    model: &Llama,
+    scorer: &mut dyn Scorer,
     windows: &[Window],
     batch_size: usize,
     sched: Schedule,
@@ -373,7 +397,7 @@ fn worker(
         Schedule::Static => {
             let mine = schedule::static_share(windows.len(), comm.rank(), comm.size());
             for unit in schedule::units(windows, &mine, batch_size) {
-                let r = clock.compute(model, windows, &unit)?;
+                let r = clock.compute(scorer, &unit)?;
                 clock.comm(|| comm.send(0, tag::TO_ROOT, encode(&ToRoot::Results(r))))?;
             }
         }
@@ -390,7 +414,7 @@ fn worker(
                 outstanding -= 1;
                 match decode::<Assign>(0, &bytes)? {
                     Assign::Work(unit) if !done => {
-                        let r = clock.compute(model, windows, &unit)?;
+                        let r = clock.compute(scorer, &unit)?;
                         clock.comm(|| comm.send(0, tag::TO_ROOT, encode(&ToRoot::Results(r))))?;
                         clock.comm(|| comm.send(0, tag::TO_ROOT, encode(&ToRoot::Request)))?;
                         outstanding += 1;
@@ -407,6 +431,7 @@ fn worker(
             }
         }
     }
+    clock.idle(|| scorer.finish())?;
     let stats = Clock {
         stats: clock.stats.clone(),
         start: clock.start,

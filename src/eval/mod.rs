@@ -11,6 +11,7 @@ pub mod nll;
 pub mod stats;
 
 use candle_core::{Device, Tensor};
+use rayon::prelude::*;
 
 pub use accumulator::NllAccumulator;
 
@@ -35,38 +36,86 @@ pub struct WindowResult {
     pub finished_s: f64,
 }
 
-/// One forward pass over windows of equal input length.
+/// One forward pass over windows of equal input length (the whole model on this rank).
 pub fn score_batch(model: &Llama, batch: &[Window]) -> Result<Vec<WindowResult>, ModelError> {
+    let hidden = model.hidden_states(&batch_ids(batch)?)?;
+    let (rows, targets) = scored_rows(&hidden, batch)?;
+    let nlls = nlls(model, &rows, &targets)?;
+    Ok(window_results(batch, &nlls))
+}
+
+/// Token ids `[batch, len]` of windows of equal input length.
+pub fn batch_ids(batch: &[Window]) -> Result<Tensor, ModelError> {
     let len = batch[0].input.len();
     let ids: Vec<u32> = batch.iter().flat_map(|w| w.input.iter().copied()).collect();
-    let ids = Tensor::from_vec(ids, (batch.len(), len), &Device::Cpu)?;
-    let hidden = model.hidden_states(&ids)?;
-    // Only scored positions reach the (vocabulary-wide) output layer.
+    Ok(Tensor::from_vec(ids, (batch.len(), len), &Device::Cpu)?)
+}
+
+/// The hidden states of scored positions only (they alone reach the vocabulary-wide output
+/// layer), and their targets, window after window.
+pub fn scored_rows(hidden: &Tensor, batch: &[Window]) -> Result<(Tensor, Vec<u32>), ModelError> {
     let mut rows = Vec::with_capacity(batch.len());
     let mut targets = Vec::new();
     for (b, w) in batch.iter().enumerate() {
         rows.push(hidden.get(b)?.narrow(0, w.first_scored, w.targets.len())?);
         targets.extend_from_slice(&w.targets);
     }
-    let rows = Tensor::cat(&rows, 0)?;
+    Ok((Tensor::cat(&rows, 0)?, targets))
+}
+
+fn check_targets(targets: &[u32], vocab: usize) -> Result<(), ModelError> {
+    match targets.iter().find(|&&t| t as usize >= vocab) {
+        Some(t) => Err(ModelError::Invalid {
+            path: Default::default(),
+            detail: format!("token id {t} is outside the model's vocabulary ({vocab})"),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// Per-token NLL of `rows` against `targets`, [`LOGIT_ROWS`] rows of logits at a time.
+pub fn nlls(model: &Llama, rows: &Tensor, targets: &[u32]) -> Result<Vec<f64>, ModelError> {
     let vocab = model.config.vocab_size;
+    check_targets(targets, vocab)?;
     let mut nlls = Vec::with_capacity(targets.len());
     let mut r = 0;
     while r < targets.len() {
         let n = LOGIT_ROWS.min(targets.len() - r);
         let logits = model.logits(&rows.narrow(0, r, n)?)?;
         let logits = logits.flatten_all()?.to_vec1::<f32>()?;
-        for &t in &targets[r..r + n] {
-            if t as usize >= vocab {
-                return Err(ModelError::Invalid {
-                    path: Default::default(),
-                    detail: format!("token id {t} is outside the model's vocabulary ({vocab})"),
-                });
-            }
-        }
         nlls.extend(nll::nll_rows(&logits, vocab, &targets[r..r + n]));
         r += n;
     }
+    Ok(nlls)
+}
+
+/// This rank's partial log-softmax rows over its share of the vocabulary (tensor parallel).
+pub fn partial_rows(
+    model: &Llama,
+    rows: &Tensor,
+    targets: &[u32],
+) -> Result<Vec<nll::PartialRow>, ModelError> {
+    check_targets(targets, model.config.vocab_size)?;
+    let cols = model.output_vocab();
+    let mut out = Vec::with_capacity(targets.len());
+    let mut r = 0;
+    while r < targets.len() {
+        let n = LOGIT_ROWS.min(targets.len() - r);
+        let logits = model.logits(&rows.narrow(0, r, n)?)?;
+        let logits = logits.flatten_all()?.to_vec1::<f32>()?;
+        out.par_extend(
+            logits
+                .par_chunks(cols.len())
+                .zip(targets[r..r + n].par_iter())
+                .map(|(row, &t)| nll::partial_row(row, cols.start, t)),
+        );
+        r += n;
+    }
+    Ok(out)
+}
+
+/// One exact record per window from its tokens' NLLs (in window order).
+pub fn window_results(batch: &[Window], nlls: &[f64]) -> Vec<WindowResult> {
     let mut out = Vec::with_capacity(batch.len());
     let mut k = 0;
     for w in batch {
@@ -84,5 +133,5 @@ pub fn score_batch(model: &Llama, batch: &[Window]) -> Result<Vec<WindowResult>,
             finished_s: 0.0,
         });
     }
-    Ok(out)
+    out
 }

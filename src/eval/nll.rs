@@ -29,6 +29,43 @@ pub fn nll_rows(logits: &[f32], vocab: usize, targets: &[u32]) -> Vec<f64> {
         .collect()
 }
 
+/// One rank's share of a row's log-softmax under a vocabulary split: the max of its logits,
+/// `Σ exp(l − max)` over them, and the target's logit when the target is among them.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct PartialRow {
+    pub max: f64,
+    pub sum: f64,
+    pub target: Option<f64>,
+}
+
+/// The partial row of `logits`, the columns `offset..offset + logits.len()` of the vocabulary.
+pub fn partial_row(logits: &[f32], offset: usize, target: u32) -> PartialRow {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let sum: f64 = logits.iter().map(|&l| (l as f64 - max).exp()).sum();
+    let t = (target as usize)
+        .checked_sub(offset)
+        .filter(|&t| t < logits.len());
+    PartialRow {
+        max,
+        sum,
+        target: t.map(|t| logits[t] as f64),
+    }
+}
+
+/// The NLL from every rank's partial row, combined in rank order:
+/// `M = max_r m_r`, `S = Σ_r s_r·exp(m_r − M)`, `nll = ln S − (l_t − M)`. With one part this is
+/// [`nll_row`] exactly; with several the sum is regrouped, so the value can differ from the
+/// unsplit one in the last bits of the f64.
+pub fn combine(parts: &[PartialRow]) -> Option<f64> {
+    let max = parts
+        .iter()
+        .map(|p| p.max)
+        .fold(f64::NEG_INFINITY, f64::max);
+    let sum: f64 = parts.iter().map(|p| p.sum * (p.max - max).exp()).sum();
+    let target = parts.iter().find_map(|p| p.target)?;
+    Some(sum.ln() - (target - max))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -44,6 +81,30 @@ mod tests {
         assert!((nll_row(&shifted, 1) - want).abs() < 1e-12);
         let uniform = vec![0.0f32; 49152];
         assert!((nll_row(&uniform, 7) - (49152f64).ln()).abs() < 1e-12);
+    }
+
+    #[test]
+    fn split_rows_combine_to_the_whole_row() {
+        let row: Vec<f32> = (0..1001)
+            .map(|i| ((i * 17 % 89) as f32).cos() * 7.0)
+            .collect();
+        for target in [0u32, 500, 1000] {
+            let whole = nll_row(&row, target);
+            let one = combine(&[partial_row(&row, 0, target)]).unwrap();
+            assert_eq!(one.to_bits(), whole.to_bits());
+            for parts in [2usize, 3, 7] {
+                let p: Vec<PartialRow> = (0..parts)
+                    .map(|i| {
+                        let r = crate::model::shard::split(row.len(), parts, i);
+                        partial_row(&row[r.clone()], r.start, target)
+                    })
+                    .collect();
+                let v = combine(&p).unwrap();
+                assert!((v - whole).abs() <= 1e-12 * whole.abs(), "{v} vs {whole}");
+            }
+        }
+        // A target that no part holds has no NLL.
+        assert!(combine(&[partial_row(&row[..10], 0, 500)]).is_none());
     }
 
     #[test]

@@ -6,12 +6,16 @@
 //! selection of them onto the vocabulary. Each window in a batch is independent (causal mask
 //! per window, per-row matmuls), so a window's logits do not depend on its batch-mates.
 
-use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
-use candle_core::{DType, Device, Module, Tensor};
+use std::borrow::Cow;
+use std::ops::Range;
 use std::sync::Arc;
+
+use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor};
+use candle_core::{DType, Device, Module, Tensor};
 
 use super::gguf::GgufFile;
 use super::kernels::q4_1::Q4_1Matrix;
+use super::shard::{self, LayerShard, Partition, RawTensor, TensorSpec};
 use super::{ModelError, Precision};
 
 type Result<T> = std::result::Result<T, ModelError>;
@@ -134,21 +138,18 @@ enum Linear {
 }
 
 impl Linear {
-    fn load(g: &GgufFile, name: &str, shape: &[usize], precision: Precision) -> Result<Self> {
-        let info = g.tensor_info(name, "the model's architecture requires it")?;
-        if precision == Precision::Native && info.dtype == GgmlDType::Q4_1 && shape.len() == 2 {
-            let (info, bytes) = g.tensor_data(name, shape)?;
-            let m = Q4_1Matrix::from_bytes(bytes, shape[0], shape[1]).ok_or_else(|| {
-                ModelError::Invalid {
-                    path: g.path().to_path_buf(),
-                    detail: format!("tensor '{name}' has a malformed Q4_1 layout"),
-                }
-            })?;
-            g.release(info);
+    /// Builds the matrix from its stored bytes (the one copy out of the map).
+    fn from_raw(raw: &RawTensor<'_>, name: &str, precision: Precision) -> Result<Self> {
+        let invalid = |detail: String| ModelError::Invalid {
+            path: Default::default(),
+            detail,
+        };
+        if precision == Precision::Native && raw.dtype == GgmlDType::Q4_1 && raw.shape.len() == 2 {
+            let m = Q4_1Matrix::from_bytes(&raw.bytes, raw.shape[0], raw.shape[1])
+                .ok_or_else(|| invalid(format!("tensor '{name}' has a malformed Q4_1 layout")))?;
             return Ok(Linear::Q4_1(m));
         }
-        let q = g.qtensor(name, shape, &Device::Cpu)?;
-        Self::from_qtensor(Arc::new(q), precision)
+        Self::from_qtensor(Arc::new(qtensor(raw, name)?), precision)
     }
 
     fn from_qtensor(q: Arc<QTensor>, precision: Precision) -> Result<Self> {
@@ -157,6 +158,17 @@ impl Linear {
             Precision::Native => QMatMul::from_arc(q)?,
             Precision::F32 => QMatMul::Tensor(q.dequantize(&Device::Cpu)?),
         }))
+    }
+
+    /// Bytes held.
+    fn bytes(&self) -> u64 {
+        (match self {
+            Linear::Q4_1(m) => m.storage_bytes(),
+            Linear::Candle(QMatMul::QTensor(q)) => q.storage_size_in_bytes(),
+            Linear::Candle(QMatMul::Tensor(t)) | Linear::Candle(QMatMul::TensorF16(t)) => {
+                t.elem_count() * t.dtype().size_in_bytes()
+            }
+        }) as u64
     }
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
@@ -175,20 +187,33 @@ impl Linear {
     }
 }
 
+/// Candle storage for stored bytes.
+fn qtensor(raw: &RawTensor<'_>, name: &str) -> Result<QTensor> {
+    let err = |e: candle_core::Error| ModelError::Invalid {
+        path: Default::default(),
+        detail: format!("tensor '{name}': {e}"),
+    };
+    let storage =
+        QStorage::from_data(Cow::Borrowed(&raw.bytes[..]), &Device::Cpu, raw.dtype).map_err(err)?;
+    QTensor::new(storage, raw.shape.as_slice()).map_err(err)
+}
+
 struct RmsNorm {
     weight: Tensor,
     eps: f32,
 }
 
 impl RmsNorm {
-    fn load(g: &GgufFile, name: &str, dim: usize, eps: f64) -> Result<Self> {
-        let weight = g
-            .qtensor(name, &[dim], &Device::Cpu)?
-            .dequantize(&Device::Cpu)?;
+    fn from_raw(raw: &RawTensor<'_>, name: &str, eps: f64) -> Result<Self> {
         Ok(Self {
-            weight,
+            weight: qtensor(raw, name)?.dequantize(&Device::Cpu)?,
             eps: eps as f32,
         })
+    }
+
+    fn load(g: &GgufFile, name: &str, dim: usize, eps: f64) -> Result<Self> {
+        let raw = shard::read(g, &TensorSpec::whole(name.to_string(), &[dim]))?;
+        Self::from_raw(&raw, name, eps)
     }
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
@@ -200,22 +225,91 @@ impl RmsNorm {
     }
 }
 
-/// Token embedding lookup: quantized rows dequantized on lookup, or a dense table.
-enum Embedding {
+/// Token embedding lookup: quantized rows dequantized on lookup, or a dense table. Under
+/// tensor parallelism a rank holds the rows `vocab` of the table; other ids give zero rows
+/// (the all-reduce that follows adds the owner's row to zeros, exactly).
+struct Embedding {
+    table: EmbeddingTable,
+    vocab: Range<usize>,
+    full_vocab: usize,
+}
+
+enum EmbeddingTable {
     Quantized(Arc<QTensor>),
     Dense(Tensor),
 }
 
 impl Embedding {
     fn forward(&self, ids: &Tensor) -> Result<Tensor> {
-        Ok(match self {
-            Embedding::Quantized(q) => q.embedding(ids)?,
-            Embedding::Dense(t) => {
-                let (b, s) = ids.dims2()?;
+        let (b, s) = ids.dims2()?;
+        let sharded = self.vocab.len() != self.full_vocab;
+        let (ids, keep) = if sharded {
+            let flat = ids.flatten_all()?.to_vec1::<u32>()?;
+            let local: Vec<u32> = flat
+                .iter()
+                .map(|&t| {
+                    let t = t as usize;
+                    if self.vocab.contains(&t) {
+                        (t - self.vocab.start) as u32
+                    } else {
+                        0
+                    }
+                })
+                .collect();
+            let keep: Vec<f32> = flat
+                .iter()
+                .map(|&t| f32::from(u8::from(self.vocab.contains(&(t as usize)))))
+                .collect();
+            (
+                Tensor::from_vec(local, (b, s), &Device::Cpu)?,
+                Some(Tensor::from_vec(keep, (b, s, 1), &Device::Cpu)?),
+            )
+        } else {
+            (ids.clone(), None)
+        };
+        let x = match &self.table {
+            EmbeddingTable::Quantized(q) => q.embedding(&ids)?,
+            EmbeddingTable::Dense(t) => {
                 t.index_select(&ids.flatten_all()?, 0)?
                     .reshape((b, s, t.dim(1)?))?
             }
+        };
+        Ok(match keep {
+            Some(k) => x.broadcast_mul(&k)?,
+            None => x,
         })
+    }
+
+    fn bytes(&self) -> u64 {
+        (match &self.table {
+            EmbeddingTable::Quantized(q) => q.storage_size_in_bytes(),
+            EmbeddingTable::Dense(t) => t.elem_count() * 4,
+        }) as u64
+    }
+}
+
+/// Sum of a tensor over the tensor-parallel group (every rank gets the same sum).
+pub type AllReduce<'a> = &'a (dyn Fn(Tensor) -> Result<Tensor> + Sync);
+/// Every FSDP piece of a layer, in rank order, from this rank's piece.
+pub type AllGather<'a> = &'a (dyn Fn(&[u8]) -> Result<Vec<Vec<u8>>> + Sync);
+
+/// Collective operations the forward pass needs when the model is split across ranks.
+pub struct Collectives<'a> {
+    pub tp_all_reduce: Option<AllReduce<'a>>,
+    pub fsdp_all_gather: Option<AllGather<'a>>,
+}
+
+impl Collectives<'_> {
+    pub const NONE: Collectives<'static> = Collectives {
+        tp_all_reduce: None,
+        fsdp_all_gather: None,
+    };
+
+    fn reduce(&self, x: Tensor) -> Result<Tensor> {
+        match self.tp_all_reduce {
+            Some(f) => f(x),
+            None => Ok(x),
+        }
     }
 }
 
@@ -224,6 +318,7 @@ struct Attention {
     wk: Linear,
     wv: Linear,
     wo: Linear,
+    /// Heads held by this rank (all of them without tensor parallelism).
     n_heads: usize,
     n_kv_heads: usize,
     head_dim: usize,
@@ -285,37 +380,61 @@ struct Block {
 }
 
 impl Block {
-    fn load(g: &GgufFile, c: &LlamaConfig, i: usize, precision: Precision) -> Result<Self> {
-        let name = |n: &str| format!("blk.{i}.{n}.weight");
-        let d = c.hidden_size;
-        let q = c.n_heads * c.head_dim;
-        let kv = c.n_kv_heads * c.head_dim;
-        let ff = c.intermediate_size;
-        let lin = |n: &str, shape: &[usize]| Linear::load(g, &name(n), shape, precision);
+    /// Builds block `i` from its tensors, in [`shard::block_specs`] order.
+    fn from_raw(
+        c: &LlamaConfig,
+        i: usize,
+        part: &Partition,
+        tensors: &[RawTensor<'_>],
+        precision: Precision,
+    ) -> Result<Self> {
+        let specs = shard::block_specs(c, i, part);
+        let lin = |k: usize| Linear::from_raw(&tensors[k], &specs[k].name, precision);
+        let norm = |k: usize| RmsNorm::from_raw(&tensors[k], &specs[k].name, c.rms_norm_eps);
         Ok(Self {
-            attn_norm: RmsNorm::load(g, &name("attn_norm"), d, c.rms_norm_eps)?,
+            attn_norm: norm(0)?,
             attn: Attention {
-                wq: lin("attn_q", &[q, d])?,
-                wk: lin("attn_k", &[kv, d])?,
-                wv: lin("attn_v", &[kv, d])?,
-                wo: lin("attn_output", &[d, q])?,
-                n_heads: c.n_heads,
-                n_kv_heads: c.n_kv_heads,
+                wq: lin(1)?,
+                wk: lin(2)?,
+                wv: lin(3)?,
+                wo: lin(4)?,
+                n_heads: part.tp_range(c.n_heads).len(),
+                n_kv_heads: part.tp_range(c.n_kv_heads).len(),
                 head_dim: c.head_dim,
             },
-            ffn_norm: RmsNorm::load(g, &name("ffn_norm"), d, c.rms_norm_eps)?,
+            ffn_norm: norm(5)?,
             mlp: Mlp {
-                gate: lin("ffn_gate", &[ff, d])?,
-                up: lin("ffn_up", &[ff, d])?,
-                down: lin("ffn_down", &[d, ff])?,
+                gate: lin(6)?,
+                up: lin(7)?,
+                down: lin(8)?,
             },
         })
     }
 
-    fn forward(&self, x: &Tensor, rope: &Rope, mask: &Tensor) -> Result<Tensor> {
-        let h = (x + self.attn.forward(&self.attn_norm.forward(x)?, rope, mask)?)?;
-        Ok((&h + self.mlp.forward(&self.ffn_norm.forward(&h)?)?)?)
+    fn bytes(&self) -> u64 {
+        let a = &self.attn;
+        let m = &self.mlp;
+        [&a.wq, &a.wk, &a.wv, &a.wo, &m.gate, &m.up, &m.down]
+            .iter()
+            .map(|l| l.bytes())
+            .sum::<u64>()
+            + 2 * self.attn_norm.weight.elem_count() as u64 * 4
     }
+
+    /// The residual block; under tensor parallelism each branch's partial output is summed
+    /// over the group before it is added to the residual stream.
+    fn forward(&self, x: &Tensor, rope: &Rope, mask: &Tensor, cc: &Collectives) -> Result<Tensor> {
+        let a = cc.reduce(self.attn.forward(&self.attn_norm.forward(x)?, rope, mask)?)?;
+        let h = (x + a)?;
+        let m = cc.reduce(self.mlp.forward(&self.ffn_norm.forward(&h)?)?)?;
+        Ok((&h + m)?)
+    }
+}
+
+/// A block as a rank holds it: ready to run, or as its FSDP piece.
+enum Layer {
+    Resident(Box<Block>),
+    Sharded(LayerShard),
 }
 
 /// Rotary position embedding on adjacent pairs (llama.cpp's "normal" RoPE; GGUF stores Q/K
@@ -359,49 +478,106 @@ impl Rope {
     }
 }
 
-/// A Llama-family model ready to score windows.
+/// A Llama-family model, or the part of one that a rank holds ([`Partition`]), ready to
+/// score windows.
 pub struct Llama {
     pub config: LlamaConfig,
+    pub partition: Partition,
     precision: Precision,
-    embedding: Embedding,
-    blocks: Vec<Block>,
-    norm: RmsNorm,
-    output: Linear,
+    embedding: Option<Embedding>,
+    layers: Vec<Layer>,
+    norm: Option<RmsNorm>,
+    output: Option<Linear>,
+    /// Vocabulary rows of the output layer held here.
+    output_vocab: Range<usize>,
     rope: Rope,
 }
 
 impl Llama {
-    /// Builds the model from a parsed GGUF file, loading every weight once.
+    /// Builds the whole model from a parsed GGUF file, loading every weight once.
     pub fn from_gguf(g: &GgufFile, precision: Precision) -> Result<Self> {
         let config = LlamaConfig::from_gguf(g)?;
+        let part = Partition::full(config.n_layers);
+        Self::from_gguf_part(g, precision, &part)
+    }
+
+    /// Builds the part of the model that `part` names: only its tensors are read.
+    pub fn from_gguf_part(g: &GgufFile, precision: Precision, part: &Partition) -> Result<Self> {
+        let config = LlamaConfig::from_gguf(g)?;
+        shard::check_tensor_parallel(g, &config, part.tp)?;
         let (v, d) = (config.vocab_size, config.hidden_size);
-        let embd = Arc::new(g.qtensor("token_embd.weight", &[v, d], &Device::Cpu)?);
-        let (embedding, output) = match precision {
-            Precision::F32 => {
-                let dense = embd.dequantize(&Device::Cpu)?;
-                let output = if config.tied_embeddings {
-                    Linear::Candle(QMatMul::Tensor(dense.clone()))
-                } else {
-                    Linear::load(g, "output.weight", &[v, d], precision)?
-                };
-                (Embedding::Dense(dense), output)
-            }
-            Precision::Native => {
-                let output = if config.tied_embeddings {
-                    Linear::from_qtensor(embd.clone(), precision)?
-                } else {
-                    Linear::load(g, "output.weight", &[v, d], precision)?
-                };
-                let embedding = if embd.dtype().block_size() == 1 {
-                    Embedding::Dense(embd.dequantize(&Device::Cpu)?)
-                } else {
-                    Embedding::Quantized(embd)
-                };
-                (embedding, output)
-            }
+        let vocab = part.tp_range(v);
+        let embd_spec = TensorSpec {
+            rows: vocab.clone(),
+            ..TensorSpec::whole("token_embd.weight".into(), &[v, d])
         };
-        let blocks = (0..config.n_layers)
-            .map(|i| Block::load(g, &config, i, precision))
+        let need_embd = part.embed || (part.head && config.tied_embeddings);
+        let embd = if need_embd {
+            let raw = shard::read(g, &embd_spec)?;
+            let q = Arc::new(qtensor(&raw, "token_embd.weight")?);
+            release(g, &raw, "token_embd.weight");
+            Some(q)
+        } else {
+            None
+        };
+        let full_vocab = v;
+        let (mut embedding, mut output) = (None, None);
+        if let Some(embd) = &embd {
+            match precision {
+                Precision::F32 => {
+                    let dense = embd.dequantize(&Device::Cpu)?;
+                    if part.head && config.tied_embeddings {
+                        output = Some(Linear::Candle(QMatMul::Tensor(dense.clone())));
+                    }
+                    if part.embed {
+                        embedding = Some(EmbeddingTable::Dense(dense));
+                    }
+                }
+                Precision::Native => {
+                    if part.head && config.tied_embeddings {
+                        output = Some(Linear::from_qtensor(embd.clone(), precision)?);
+                    }
+                    if part.embed {
+                        embedding = Some(if embd.dtype().block_size() == 1 {
+                            EmbeddingTable::Dense(embd.dequantize(&Device::Cpu)?)
+                        } else {
+                            EmbeddingTable::Quantized(embd.clone())
+                        });
+                    }
+                }
+            }
+        }
+        drop(embd);
+        if part.head && !config.tied_embeddings {
+            let spec = TensorSpec {
+                rows: vocab.clone(),
+                ..TensorSpec::whole("output.weight".into(), &[v, d])
+            };
+            let raw = shard::read(g, &spec)?;
+            output = Some(Linear::from_raw(&raw, "output.weight", precision)?);
+            release(g, &raw, "output.weight");
+        }
+        let layers = part
+            .layers
+            .clone()
+            .map(|i| {
+                let specs = shard::block_specs(&config, i, part);
+                let raws = specs
+                    .iter()
+                    .map(|s| shard::read(g, s))
+                    .collect::<Result<Vec<_>>>()?;
+                let layer = if part.fsdp > 1 {
+                    Layer::Sharded(LayerShard::new(&raws, part.fsdp_rank, part.fsdp))
+                } else {
+                    Layer::Resident(Box::new(Block::from_raw(
+                        &config, i, part, &raws, precision,
+                    )?))
+                };
+                for (s, raw) in specs.iter().zip(&raws) {
+                    release(g, raw, &s.name);
+                }
+                Ok(layer)
+            })
             .collect::<Result<Vec<_>>>()?;
         let freq_factors = match g.tensors.get("rope_freqs.weight") {
             Some(_) => Some(
@@ -411,13 +587,29 @@ impl Llama {
             ),
             None => None,
         };
+        let norm = if part.head {
+            Some(RmsNorm::load(
+                g,
+                "output_norm.weight",
+                d,
+                config.rms_norm_eps,
+            )?)
+        } else {
+            None
+        };
         Ok(Self {
-            norm: RmsNorm::load(g, "output_norm.weight", d, config.rms_norm_eps)?,
             rope: Rope::new(&config, freq_factors)?,
+            embedding: embedding.map(|table| Embedding {
+                table,
+                vocab: vocab.clone(),
+                full_vocab,
+            }),
+            output_vocab: if part.head { vocab } else { 0..0 },
             config,
+            partition: part.clone(),
             precision,
-            embedding,
-            blocks,
+            layers,
+            norm,
             output,
         })
     }
@@ -426,26 +618,134 @@ impl Llama {
         self.precision
     }
 
-    /// Final (normalised) hidden states `[batch, seq, hidden]` for token ids `[batch, seq]`.
-    pub fn hidden_states(&self, ids: &Tensor) -> Result<Tensor> {
-        let (_, t) = ids.dims2()?;
-        let mask = causal_mask(t)?;
-        let mut x = self.embedding.forward(ids)?;
-        for block in &self.blocks {
-            x = block.forward(&x, &self.rope, &mask)?;
-        }
-        self.norm.forward(&x)
+    /// Bytes of weights this rank holds (FSDP pieces counted as stored).
+    pub fn weights_bytes(&self) -> u64 {
+        let layers: u64 = self
+            .layers
+            .iter()
+            .map(|l| match l {
+                Layer::Resident(b) => b.bytes(),
+                Layer::Sharded(s) => s.piece.len() as u64,
+            })
+            .sum();
+        let embedding = self.embedding.as_ref().map_or(0, |e| e.bytes());
+        let output = self.output.as_ref().map_or(0, |o| o.bytes());
+        let tied_native_shared = self.precision == Precision::Native
+            && self.config.tied_embeddings
+            && self.embedding.is_some()
+            && self.output.is_some()
+            && matches!(
+                self.embedding.as_ref().map(|e| &e.table),
+                Some(EmbeddingTable::Quantized(_))
+            );
+        let norm = self
+            .norm
+            .as_ref()
+            .map_or(0, |n| n.weight.elem_count() as u64 * 4);
+        layers + embedding + norm + if tied_native_shared { 0 } else { output }
     }
 
-    /// Logits `[.., vocab]` (f32) for hidden states `[.., hidden]`.
+    /// The vocabulary rows of the output layer this rank computes.
+    pub fn output_vocab(&self) -> Range<usize> {
+        self.output_vocab.clone()
+    }
+
+    /// Embeddings `[batch, seq, hidden]` of token ids `[batch, seq]` (first stage only; under
+    /// tensor parallelism a partial sum to be all-reduced).
+    pub fn embed(&self, ids: &Tensor, cc: &Collectives) -> Result<Tensor> {
+        let e = self
+            .embedding
+            .as_ref()
+            .ok_or_else(|| self.not_held("the token embedding"))?;
+        cc.reduce(e.forward(ids)?)
+    }
+
+    /// Runs this rank's blocks over `x` (`None`: an idle FSDP step, which only takes part in
+    /// the gathers so that the other ranks of the shard group can run theirs).
+    pub fn run_layers(&self, x: Option<Tensor>, cc: &Collectives) -> Result<Option<Tensor>> {
+        let mask = match &x {
+            Some(x) => Some(causal_mask(x.dim(1)?)?),
+            None => None,
+        };
+        let mut x = x;
+        for (i, layer) in self.partition.layers.clone().zip(&self.layers) {
+            let gathered;
+            let block = match layer {
+                Layer::Resident(b) => b,
+                Layer::Sharded(s) => {
+                    let gather = cc.fsdp_all_gather.ok_or_else(|| {
+                        self.not_held("an FSDP-sharded layer without its shard group")
+                    })?;
+                    let tensors = s.unpack(gather(&s.piece)?)?;
+                    if x.is_none() {
+                        continue;
+                    }
+                    gathered = Block::from_raw(
+                        &self.config,
+                        i,
+                        &self.partition,
+                        &tensors,
+                        self.precision,
+                    )?;
+                    &gathered
+                }
+            };
+            if let (Some(h), Some(mask)) = (&x, &mask) {
+                x = Some(block.forward(h, &self.rope, mask, cc)?);
+            }
+        }
+        Ok(x)
+    }
+
+    /// The final norm (last stage only).
+    pub fn final_norm(&self, x: &Tensor) -> Result<Tensor> {
+        self.norm
+            .as_ref()
+            .ok_or_else(|| self.not_held("the final norm"))?
+            .forward(x)
+    }
+
+    fn not_held(&self, what: &str) -> ModelError {
+        ModelError::Invalid {
+            path: Default::default(),
+            detail: format!(
+                "{what} is not held by this rank (partition {:?})",
+                self.partition
+            ),
+        }
+    }
+
+    /// Final (normalised) hidden states `[batch, seq, hidden]` for token ids `[batch, seq]`
+    /// (the whole model on this rank).
+    pub fn hidden_states(&self, ids: &Tensor) -> Result<Tensor> {
+        let x = self.embed(ids, &Collectives::NONE)?;
+        let x = self
+            .run_layers(Some(x), &Collectives::NONE)?
+            .expect("an active step returns hidden states");
+        self.final_norm(&x)
+    }
+
+    /// Logits `[.., vocab]` (f32) for hidden states `[.., hidden]`: under tensor parallelism
+    /// only this rank's [`Llama::output_vocab`] columns.
     pub fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
-        let y = self.output.forward(&hidden.contiguous()?)?;
+        let out = self
+            .output
+            .as_ref()
+            .ok_or_else(|| self.not_held("the output layer"))?;
+        let y = out.forward(&hidden.contiguous()?)?;
         Ok(y.to_dtype(DType::F32)?)
     }
 
     /// Logits for every position: `[batch, seq, vocab]`.
     pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {
         self.logits(&self.hidden_states(ids)?)
+    }
+}
+
+/// Drops a tensor's mapped pages once its bytes were copied (see [`GgufFile::release`]).
+fn release(g: &GgufFile, _copied: &RawTensor<'_>, name: &str) {
+    if let Some(info) = g.tensors.get(name) {
+        g.release(info);
     }
 }
 

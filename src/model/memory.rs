@@ -12,7 +12,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::gguf::GgufFile;
-use super::{LlamaConfig, Precision};
+use super::{LlamaConfig, Partition, Precision};
 use crate::eval::LOGIT_ROWS;
 
 /// Fixed cost of the process: code, allocator arenas, thread stacks, text and token ids.
@@ -38,24 +38,66 @@ pub struct MemoryEstimate {
 
 /// Bytes of the weights once loaded with `precision`.
 pub fn weight_bytes(g: &GgufFile, precision: Precision) -> u64 {
-    g.tensors
-        .values()
-        .map(|t| {
-            let elems: u64 = t.shape.iter().map(|&d| d as u64).product();
-            match precision {
-                // Tied embeddings: the embedding and the output layer share one copy.
-                Precision::F32 => elems * 4,
-                Precision::Native => match t.dtype {
-                    // Our Q4_1 kernel keeps d and m as f32: 24 bytes per 32 weights.
-                    candle_core::quantized::GgmlDType::Q4_1 => elems / 32 * 24,
-                    // F16/BF16 matrices become f32 in candle's dense matmul.
-                    candle_core::quantized::GgmlDType::F16
-                    | candle_core::quantized::GgmlDType::BF16 => elems * 4,
-                    _ => t.size,
-                },
+    g.tensors.values().map(|t| tensor_bytes(t, precision)).sum()
+}
+
+fn tensor_bytes(t: &super::gguf::TensorInfo, precision: Precision) -> u64 {
+    let elems: u64 = t.shape.iter().map(|&d| d as u64).product();
+    match precision {
+        // Tied embeddings: the embedding and the output layer share one copy.
+        Precision::F32 => elems * 4,
+        Precision::Native => match t.dtype {
+            // Our Q4_1 kernel keeps d and m as f32: 24 bytes per 32 weights.
+            candle_core::quantized::GgmlDType::Q4_1 => elems / 32 * 24,
+            // F16/BF16 matrices become f32 in candle's dense matmul.
+            candle_core::quantized::GgmlDType::F16 | candle_core::quantized::GgmlDType::BF16 => {
+                elems * 4
             }
-        })
-        .sum()
+            _ => t.size,
+        },
+    }
+}
+
+/// Bytes of the weights a rank holding `part` keeps once loaded with `precision` (an FSDP
+/// rank also materialises one whole layer at a time, counted once).
+pub fn partition_weight_bytes(g: &GgufFile, precision: Precision, part: &Partition) -> u64 {
+    let mut held = 0u64;
+    let mut layer_bytes = std::collections::BTreeMap::<usize, u64>::new();
+    for (name, t) in &g.tensors {
+        let b = tensor_bytes(t, precision);
+        let split = |b: u64| {
+            if t.shape.len() == 2 {
+                b / part.tp as u64
+            } else {
+                b
+            }
+        };
+        if let Some(rest) = name.strip_prefix("blk.") {
+            let Some(i) = rest.split('.').next().and_then(|i| i.parse::<usize>().ok()) else {
+                continue;
+            };
+            if part.layers.contains(&i) {
+                *layer_bytes.entry(i).or_default() += split(b);
+            }
+        } else if name == "token_embd.weight" {
+            if part.embed || part.head {
+                held += split(b);
+            }
+        } else if name == "output.weight" {
+            if part.head {
+                held += split(b);
+            }
+        } else {
+            held += b;
+        }
+    }
+    let layers: u64 = layer_bytes.values().sum();
+    if part.fsdp > 1 {
+        let largest = layer_bytes.values().copied().max().unwrap_or(0);
+        held + layers / part.fsdp as u64 + largest
+    } else {
+        held + layers
+    }
 }
 
 /// Peak activation bytes of one forward pass over `batch` windows of `ctx` tokens.
@@ -78,7 +120,9 @@ pub fn activation_bytes(mc: &LlamaConfig, batch: usize, ctx: usize) -> u64 {
     scores + mlp + qkv + hidden + RANK_BUFFERS
 }
 
-/// The whole estimate for one process.
+/// The whole estimate for one process (`parts`: the model parts loaded in it; empty for the
+/// whole model).
+#[allow(clippy::too_many_arguments)]
 pub fn estimate(
     g: &GgufFile,
     mc: &LlamaConfig,
@@ -87,8 +131,16 @@ pub fn estimate(
     ctx: usize,
     ranks_in_process: usize,
     tokenizer_entries: usize,
+    parts: &[Partition],
 ) -> MemoryEstimate {
-    let weights = weight_bytes(g, precision);
+    let weights = if parts.is_empty() {
+        weight_bytes(g, precision)
+    } else {
+        parts
+            .iter()
+            .map(|p| partition_weight_bytes(g, precision, p))
+            .sum()
+    };
     let activations = activation_bytes(mc, batch, ctx);
     let rows = (LOGIT_ROWS as u64).min((batch * ctx) as u64);
     let logits = 2 * rows * mc.vocab_size as u64 * 4;

@@ -11,9 +11,11 @@ pub mod gguf;
 pub mod kernels;
 pub mod llama;
 pub mod memory;
+pub mod shard;
 
 pub use gguf::{GgufError, GgufFile};
-pub use llama::{Llama, LlamaConfig};
+pub use llama::{Collectives, Llama, LlamaConfig};
+pub use shard::Partition;
 
 /// How weights are computed with.
 #[derive(

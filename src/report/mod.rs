@@ -85,8 +85,13 @@ pub struct Results {
     pub timings: Timings,
     pub system: SystemInfo,
     pub world: WorldInfo,
-    /// Per-rank figures, by rank.
+    /// Per-replica figures, by data-parallel rank (every rank when each holds the whole
+    /// model; the replica leaders under model parallelism, with `mesh` for every rank).
     pub ranks: Vec<crate::dist::run::RankStats>,
+    /// The model-parallel mesh and every rank's figures; absent when each rank holds the
+    /// whole model.
+    #[serde(default)]
+    pub mesh: Option<MeshInfo>,
     /// The windows with the highest mean NLL, with the text they scored.
     #[serde(default)]
     pub hardest: Vec<HardWindow>,
@@ -111,6 +116,42 @@ pub struct HardWindow {
     pub mean_nll: f64,
     /// The first scored tokens, decoded.
     pub excerpt: String,
+}
+
+/// A model-parallel run's mesh.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct MeshInfo {
+    pub dims: crate::dist::mesh::ParallelDims,
+    pub comm_dtype: crate::dist::codec::CommDtype,
+    /// Which ranks form each replica's stages and TP groups.
+    pub layout: String,
+    /// Every rank, by world rank.
+    pub ranks: Vec<MeshRank>,
+}
+
+/// One rank of a model-parallel run.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct MeshRank {
+    pub rank: usize,
+    pub host: String,
+    pub coords: crate::dist::mesh::Coords,
+    /// Blocks held, `[first, end)`.
+    pub layers: [usize; 2],
+    /// Whether it holds the token embedding / the output layer.
+    pub embedding: bool,
+    pub output: bool,
+    /// Bytes of weights held (FSDP pieces as stored).
+    pub weights_bytes: u64,
+    /// Peak RSS of the rank's process (shared by all ranks of the `local` backend).
+    pub peak_rss_bytes: Option<u64>,
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+    /// Seconds inside sends and receives (waiting for a peer included).
+    pub comm_s: f64,
+    /// Seconds computing inside steps.
+    pub compute_s: f64,
+    /// Steps (micro-batches, idle FSDP steps included) this rank ran.
+    pub steps: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

@@ -1,0 +1,466 @@
+//! Model-parallel execution: the ranks of a model replica (pipeline stages × tensor-parallel
+//! ranks, each possibly holding FSDP pieces) score windows together.
+//!
+//! Work moves in **steps**. The replica's leader (stage 0, TP rank 0) takes a unit of windows
+//! from the data-parallel protocol ([`super::run`]) and cuts it into micro-batches (one window
+//! each when there are several stages, so that stage `s` works on micro-batch `k` while stage
+//! `s+1` works on `k−1`). For each micro-batch the leader decides the step and tells its
+//! stage's TP peers; every stage runs its blocks and hands the step with its activations to
+//! the same TP index of the next stage; the last stage computes the NLL (vocabulary-parallel
+//! under TP: each rank sends its partial log-softmax rows, never logits) and its TP rank 0
+//! returns the window records to the leader.
+//!
+//! Under FSDP (`dp_shard > 1`) the ranks of a shard group all-gather each layer before using
+//! it, so they must run the same number of steps: before each step the leaders of a shard
+//! group exchange whether they have work; a leader without work runs an **idle** step (it
+//! joins the gathers and computes nothing) until none has work, then everyone gets **done**.
+//!
+//! Exactness: pipeline stages and FSDP gathers move exact f32 activations and exact weight
+//! bytes, so `pp` and `dp_shard` give bit-identical results. Tensor parallelism sums partial
+//! products of the row-parallel projections across ranks (a different float summation order)
+//! and combines the vocabulary split's log-softmax in another order, so `tp > 1` agrees with
+//! `tp = 1` to about 1e-6 relative, not to the bit.
+
+use std::sync::Mutex;
+use std::time::Instant;
+
+use candle_core::{Device, Tensor};
+use serde::{Deserialize, Serialize};
+
+use super::codec::{self, CommDtype};
+use super::group::{base, Group, Metered};
+use super::mesh::ParallelDims;
+use super::run::{RunError, Scorer};
+use super::{CommError, Communicator};
+use crate::data::Window;
+use crate::eval::{self, nll, WindowResult};
+use crate::model::{Collectives, Llama, ModelError};
+
+/// World tags of the model-parallel traffic.
+pub mod tag {
+    /// A step and its activations, stage to stage.
+    pub const PIPE: u32 = 20;
+    /// Window records, last stage to the leader.
+    pub const RESULTS: u32 = 21;
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+enum Step {
+    /// Score these windows.
+    Work(Vec<usize>),
+    /// Join the FSDP gathers, compute nothing.
+    Idle,
+    /// No more steps.
+    Done,
+}
+
+/// Per-rank figures of a model-parallel run.
+#[derive(Debug, Clone, Default)]
+pub struct StageFigures {
+    pub steps: u64,
+    /// Seconds inside steps, communication included.
+    pub busy_s: f64,
+    /// Seconds of communication inside steps.
+    pub step_comm_s: f64,
+}
+
+/// One rank's part of a model replica.
+pub struct StageRunner<'a> {
+    world: &'a Metered<'a>,
+    dims: ParallelDims,
+    model: &'a Llama,
+    windows: &'a [Window],
+    tp: Group<'a>,
+    shard: Group<'a>,
+    stage: usize,
+    comm_dtype: CommDtype,
+    /// The first collective error inside the forward pass, kept with its structure.
+    comm_error: Mutex<Option<CommError>>,
+    pub figures: StageFigures,
+}
+
+impl<'a> StageRunner<'a> {
+    pub fn new(
+        world: &'a Metered<'a>,
+        dims: ParallelDims,
+        model: &'a Llama,
+        windows: &'a [Window],
+        comm_dtype: CommDtype,
+    ) -> Self {
+        let rank = world.rank();
+        Self {
+            tp: Group::new(world, dims.tp_group(rank), base::TENSOR_PARALLEL),
+            shard: Group::new(world, dims.shard_group(rank), base::SHARD),
+            stage: dims.coords(rank).pp,
+            world,
+            dims,
+            model,
+            windows,
+            comm_dtype,
+            comm_error: Mutex::new(None),
+            figures: StageFigures::default(),
+        }
+    }
+
+    /// Whether this rank leads its replica (and takes part in the data-parallel protocol).
+    pub fn is_leader(&self) -> bool {
+        self.stage == 0 && self.tp.rank() == 0
+    }
+
+    fn is_last(&self) -> bool {
+        self.stage + 1 == self.dims.pp
+    }
+
+    fn leader(&self) -> usize {
+        let c = self.dims.coords(self.world.rank());
+        self.dims.rank_of(super::mesh::Coords { pp: 0, tp: 0, ..c })
+    }
+
+    /// A non-leader's life: run the steps it is handed until `Done`.
+    pub fn follow(&mut self) -> Result<(), RunError> {
+        loop {
+            let (step, x) = self.receive_step()?;
+            let done = step == Step::Done;
+            self.run_step(step, x)?;
+            if done {
+                return Ok(());
+            }
+        }
+    }
+
+    /// The step and activations from the previous stage, or the step from the TP leader.
+    fn receive_step(&self) -> Result<(Step, Option<Tensor>), RunError> {
+        if self.stage == 0 {
+            let b = self.tp.broadcast(0, Vec::new())?;
+            return Ok((decode_json(0, &b)?, None));
+        }
+        let prev = self.dims.at_stage(self.world.rank(), self.stage - 1);
+        let b = self.world.recv(prev, tag::PIPE)?;
+        let (step, act) = split_message(prev, &b)?;
+        let x = match (&step, act) {
+            (Step::Work(unit), Some(a)) => Some(self.activation(prev, unit, a)?),
+            (Step::Work(_), None) => {
+                return Err(CommError::Protocol {
+                    from: prev,
+                    detail: "a work step without activations".into(),
+                }
+                .into())
+            }
+            _ => None,
+        };
+        Ok((step, x))
+    }
+
+    fn activation(&self, from: usize, unit: &[usize], bytes: &[u8]) -> Result<Tensor, RunError> {
+        let d = self.model.config.hidden_size;
+        let t = self.windows[unit[0]].input.len();
+        let v = codec::decode(bytes, d, self.comm_dtype)
+            .filter(|v| v.len() == unit.len() * t * d)
+            .ok_or_else(|| CommError::Protocol {
+                from,
+                detail: format!(
+                    "activations of {} bytes for {} windows of {t} tokens",
+                    bytes.len(),
+                    unit.len()
+                ),
+            })?;
+        Ok(Tensor::from_vec(v, (unit.len(), t, d), &Device::Cpu).map_err(ModelError::from)?)
+    }
+
+    /// The leader's decision for the next step: with FSDP, agreed with the shard group.
+    fn lead_step(&self, wish: Option<Vec<usize>>) -> Result<Step, RunError> {
+        let any_other = if self.dims.dp_shard > 1 {
+            let flags = self.shard.all_gather(vec![u8::from(wish.is_some())])?;
+            flags.iter().any(|f| f.first() == Some(&1))
+        } else {
+            false
+        };
+        let step = match wish {
+            Some(unit) => Step::Work(unit),
+            None if any_other => Step::Idle,
+            None => Step::Done,
+        };
+        if self.dims.tp > 1 {
+            self.tp.broadcast(0, encode_json(&step))?;
+        }
+        Ok(step)
+    }
+
+    /// Runs one step on this rank. Returns window records on the rank that ends up with them
+    /// (the leader); forwards everything else.
+    fn run_step(
+        &mut self,
+        step: Step,
+        input: Option<Tensor>,
+    ) -> Result<Option<Vec<WindowResult>>, RunError> {
+        let t0 = Instant::now();
+        let comm0 = self.world.traffic().seconds;
+        let out = self.run_step_inner(step, input);
+        self.figures.steps += 1;
+        self.figures.busy_s += t0.elapsed().as_secs_f64();
+        self.figures.step_comm_s += self.world.traffic().seconds - comm0;
+        out
+    }
+
+    fn run_step_inner(
+        &self,
+        step: Step,
+        input: Option<Tensor>,
+    ) -> Result<Option<Vec<WindowResult>>, RunError> {
+        let next = (!self.is_last()).then(|| self.dims.at_stage(self.world.rank(), self.stage + 1));
+        let unit = match step {
+            Step::Done => {
+                if let Some(n) = next {
+                    self.world
+                        .send(n, tag::PIPE, join_message(&Step::Done, None))?;
+                }
+                return Ok(None);
+            }
+            Step::Idle => {
+                self.model_call(|cc| self.model.run_layers(None, cc))?;
+                if let Some(n) = next {
+                    self.world
+                        .send(n, tag::PIPE, join_message(&Step::Idle, None))?;
+                }
+                return Ok(None);
+            }
+            Step::Work(unit) => unit,
+        };
+        let batch: Vec<Window> = unit.iter().map(|&i| self.windows[i].clone()).collect();
+        let x = match input {
+            Some(x) => x,
+            None => self.model_call(|cc| self.model.embed(&eval::batch_ids(&batch)?, cc))?,
+        };
+        let x = self
+            .model_call(|cc| self.model.run_layers(Some(x), cc))?
+            .expect("a work step returns activations");
+        if let Some(n) = next {
+            let d = self.model.config.hidden_size;
+            let v = x
+                .flatten_all()
+                .and_then(|t| t.to_vec1::<f32>())
+                .map_err(ModelError::from)?;
+            let payload = codec::encode(&v, d, self.comm_dtype);
+            self.world.send(
+                n,
+                tag::PIPE,
+                join_message(&Step::Work(unit), Some(&payload)),
+            )?;
+            return Ok(None);
+        }
+        // The last stage: NLL of the scored positions.
+        let hidden = self.model.final_norm(&x)?;
+        let (rows, targets) = eval::scored_rows(&hidden, &batch)?;
+        let nlls = if self.dims.tp == 1 {
+            Some(eval::nlls(self.model, &rows, &targets)?)
+        } else {
+            let mine = eval::partial_rows(self.model, &rows, &targets)?;
+            match self.tp.gather(0, encode_json(&mine))? {
+                None => None,
+                Some(all) => {
+                    let parts = all
+                        .iter()
+                        .enumerate()
+                        .map(|(r, b)| decode_json::<Vec<nll::PartialRow>>(r, b))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    let mut out = Vec::with_capacity(targets.len());
+                    for i in 0..targets.len() {
+                        let row: Vec<nll::PartialRow> = parts.iter().map(|p| p[i]).collect();
+                        out.push(nll::combine(&row).ok_or_else(|| CommError::Protocol {
+                            from: 0,
+                            detail: format!("no TP rank holds target token {}", targets[i]),
+                        })?);
+                    }
+                    Some(out)
+                }
+            }
+        };
+        let Some(nlls) = nlls else { return Ok(None) };
+        let results = eval::window_results(&batch, &nlls);
+        let leader = self.leader();
+        if leader == self.world.rank() {
+            Ok(Some(results))
+        } else {
+            self.world
+                .send(leader, tag::RESULTS, encode_json(&results))?;
+            Ok(None)
+        }
+    }
+
+    /// Runs a model function with this rank's collectives; a communication failure inside it
+    /// comes back as the original [`CommError`].
+    fn model_call<T>(
+        &self,
+        f: impl FnOnce(&Collectives) -> Result<T, ModelError>,
+    ) -> Result<T, RunError> {
+        let fail = |e: CommError| {
+            let msg = e.to_string();
+            self.comm_error
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get_or_insert(e);
+            ModelError::Invalid {
+                path: Default::default(),
+                detail: msg,
+            }
+        };
+        let d = self.model.config.hidden_size;
+        let reduce = |x: Tensor| -> Result<Tensor, ModelError> {
+            let dims = x.dims().to_vec();
+            let v = x.flatten_all()?.to_vec1::<f32>()?;
+            let sum = self.tp_all_reduce(&v, d).map_err(fail)?;
+            Ok(Tensor::from_vec(sum, dims, &Device::Cpu)?)
+        };
+        let gather = |piece: &[u8]| -> Result<Vec<Vec<u8>>, ModelError> {
+            self.shard
+                .all_gather_direct(super::tag::GATHER_DIRECT, piece.to_vec())
+                .map_err(fail)
+        };
+        let cc = Collectives {
+            tp_all_reduce: (self.dims.tp > 1).then_some(&reduce as _),
+            fsdp_all_gather: (self.dims.dp_shard > 1).then_some(&gather as _),
+        };
+        f(&cc).map_err(|e| {
+            match self
+                .comm_error
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take()
+            {
+                Some(c) => RunError::Comm(c),
+                None => RunError::Model(e),
+            }
+        })
+    }
+}
+
+impl StageRunner<'_> {
+    /// Sum of `v` (rows of `row` values) over the TP group: a reduce-scatter (rank `j` sums
+    /// row block `j` of every rank's part, in rank order) then an all-gather of the sums, so
+    /// each rank sends and receives `2·(tp−1)/tp` of the vector and every rank ends with the
+    /// same bits. Parts travel as `--comm-dtype`; a rank's own part goes through the same
+    /// encoding, so the result does not depend on which rank summed which block.
+    fn tp_all_reduce(&self, v: &[f32], row: usize) -> Result<Vec<f32>, CommError> {
+        use super::tag::{ALL_GATHER_SUMS, REDUCE_SCATTER};
+        let (n, me) = (self.tp.size(), self.tp.rank());
+        let rows = v.len() / row;
+        let seg = |j: usize| {
+            let r = crate::model::shard::split(rows, n, j);
+            r.start * row..r.end * row
+        };
+        let dt = self.comm_dtype;
+        let bad = |from: usize| CommError::Protocol {
+            from,
+            detail: "a partial sum of the wrong size".into(),
+        };
+        for j in (0..n).filter(|&j| j != me) {
+            self.tp
+                .send(j, REDUCE_SCATTER, codec::encode(&v[seg(j)], row, dt))?;
+        }
+        let mine = seg(me);
+        let mut sum = vec![0f32; mine.len()];
+        for r in 0..n {
+            let bytes = if r == me {
+                codec::encode(&v[mine.clone()], row, dt)
+            } else {
+                self.tp.recv(r, REDUCE_SCATTER)?
+            };
+            let part = codec::decode(&bytes, row, dt)
+                .filter(|p| p.len() == sum.len())
+                .ok_or_else(|| bad(r))?;
+            if r == 0 {
+                sum = part;
+            } else {
+                sum.iter_mut().zip(&part).for_each(|(a, b)| *a += b);
+            }
+        }
+        let encoded = codec::encode(&sum, row, dt);
+        for j in (0..n).filter(|&j| j != me) {
+            self.tp.send(j, ALL_GATHER_SUMS, encoded.clone())?;
+        }
+        let mut out = Vec::with_capacity(v.len());
+        for j in 0..n {
+            let bytes = if j == me {
+                encoded.clone()
+            } else {
+                self.tp.recv(j, ALL_GATHER_SUMS)?
+            };
+            let part = codec::decode(&bytes, row, dt)
+                .filter(|p| p.len() == seg(j).len())
+                .ok_or_else(|| bad(j))?;
+            out.extend(part);
+        }
+        Ok(out)
+    }
+}
+
+impl Scorer for StageRunner<'_> {
+    fn score(&mut self, unit: &[usize]) -> Result<Vec<WindowResult>, RunError> {
+        let micro: Vec<Vec<usize>> = if self.dims.pp > 1 {
+            unit.iter().map(|&i| vec![i]).collect()
+        } else {
+            vec![unit.to_vec()]
+        };
+        let mut out = Vec::with_capacity(unit.len());
+        for mb in &micro {
+            let step = self.lead_step(Some(mb.clone()))?;
+            if let Some(r) = self.run_step(step, None)? {
+                out.extend(r);
+            }
+        }
+        if !self.is_last() {
+            let last = self.dims.at_stage(self.world.rank(), self.dims.pp - 1);
+            for _ in &micro {
+                let b = self.world.recv(last, tag::RESULTS)?;
+                out.extend(decode_json::<Vec<WindowResult>>(last, &b)?);
+            }
+        }
+        Ok(out)
+    }
+
+    fn finish(&mut self) -> Result<(), RunError> {
+        loop {
+            let step = self.lead_step(None)?;
+            let done = step == Step::Done;
+            self.run_step(step, None)?;
+            if done {
+                return Ok(());
+            }
+        }
+    }
+}
+
+fn encode_json<T: Serialize>(v: &T) -> Vec<u8> {
+    serde_json::to_vec(v).expect("protocol messages serialize")
+}
+
+fn decode_json<T: for<'de> Deserialize<'de>>(from: usize, b: &[u8]) -> Result<T, CommError> {
+    serde_json::from_slice(b).map_err(|e| CommError::Protocol {
+        from,
+        detail: e.to_string(),
+    })
+}
+
+/// A pipeline message: the step as JSON, then the activations' bytes.
+fn join_message(step: &Step, activations: Option<&[u8]>) -> Vec<u8> {
+    let head = encode_json(step);
+    let mut out = Vec::with_capacity(8 + head.len() + activations.map_or(0, |a| a.len()));
+    out.extend_from_slice(&(head.len() as u64).to_le_bytes());
+    out.extend_from_slice(&head);
+    if let Some(a) = activations {
+        out.extend_from_slice(a);
+    }
+    out
+}
+
+fn split_message(from: usize, b: &[u8]) -> Result<(Step, Option<&[u8]>), CommError> {
+    let bad = || CommError::Protocol {
+        from,
+        detail: "a truncated pipeline message".into(),
+    };
+    let len = u64::from_le_bytes(b.get(..8).ok_or_else(bad)?.try_into().expect("8 bytes")) as usize;
+    let head = b.get(8..8 + len).ok_or_else(bad)?;
+    let step = decode_json(from, head)?;
+    let rest = &b[8 + len..];
+    Ok((step, (!rest.is_empty()).then_some(rest)))
+}
