@@ -132,3 +132,88 @@ fn validate_under_mpirun_measures_the_link() {
     // Only rank 0 prints the checklist.
     assert_eq!(stdout.matches("checks:").count(), 1, "{stdout}");
 }
+
+/// The model-parallel workload of `tests/parallel.rs`.
+const MESH_WORKLOAD: [&str; 8] = [
+    "--ctx",
+    "128",
+    "--chunks",
+    "8",
+    "--precision",
+    "f32",
+    "--batch-size",
+    "2",
+];
+
+fn mpirun_eval(np: &str, extra: &[&str]) -> Results {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("r.json");
+    let mut args: Vec<String> = vec![
+        ppl(),
+        "eval".into(),
+        "--model".into(),
+        common::model().display().to_string(),
+        "--data".into(),
+        common::wikitext().display().to_string(),
+        "--threads".into(),
+        "1".into(),
+        "--progress".into(),
+        "none".into(),
+        "--output".into(),
+        out.display().to_string(),
+    ];
+    args.extend(MESH_WORKLOAD.iter().map(|s| s.to_string()));
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let st = mpirun().args(["-np", np]).args(&args).output().unwrap();
+    assert!(
+        st.status.success(),
+        "mpirun -np {np} {extra:?}: {}",
+        String::from_utf8_lossy(&st.stderr)
+    );
+    serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap()
+}
+
+#[test]
+fn mpirun_model_parallel_meshes_match_the_local_backend() {
+    let mut local_args: Vec<&str> = MESH_WORKLOAD.to_vec();
+    local_args.extend(["--threads", "1"]);
+    let base = common::eval(&local_args);
+    // Pipeline and FSDP: the single-process bits, each rank holding its part.
+    for extra in [&["--pp", "2"][..], &["--dp-shard", "2"][..]] {
+        let r = mpirun_eval("2", extra);
+        assert_eq!(r.world.backend, "mpi");
+        common::assert_same_numbers(&base, &r);
+        let mesh = r.mesh.expect("mesh figures");
+        assert_eq!(mesh.ranks.len(), 2);
+        assert!(mesh.ranks.iter().all(|m| m.peak_rss_bytes.is_some()));
+    }
+    // Data parallel over two pipelines: equal to one pipeline.
+    let dp_pp = mpirun_eval("4", &["--dp-replicate", "2", "--pp", "2"]);
+    common::assert_same_numbers(&base, &dp_pp);
+    // Tensor parallel: the same arithmetic as the local backend's three ranks, to the bit.
+    let mut tp_local = local_args.clone();
+    tp_local.extend(["--ranks", "3", "--tp", "3"]);
+    let tp = mpirun_eval("3", &["--tp", "3"]);
+    common::assert_same_numbers(&common::eval(&tp_local), &tp);
+    assert!(((tp.ppl - base.ppl) / base.ppl).abs() < 1e-5);
+}
+
+#[test]
+fn mpirun_refuses_a_mesh_that_does_not_fit_its_world() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("r.json");
+    let st = mpirun()
+        .args(["-np", "2"])
+        .args(eval_args(
+            &common::wikitext(),
+            &out,
+            &["--tp", "3", "--dp-shard", "1"],
+        ))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&st.stderr);
+    assert!(!st.status.success());
+    assert!(stderr.contains("but mpirun started 2"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(!out.exists());
+}

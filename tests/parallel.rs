@@ -49,7 +49,10 @@ fn pipeline_stages_give_the_single_process_bits() {
     let base = eval(&with(&[]));
     let pp = eval(&with(&["--ranks", "2", "--pp", "2"]));
     common::assert_same_numbers(&base, &pp);
-    let mesh = pp.mesh.as_ref().expect("a model-parallel run records its mesh");
+    let mesh = pp
+        .mesh
+        .as_ref()
+        .expect("a model-parallel run records its mesh");
     assert_eq!(mesh.dims.pp, 2);
     assert_eq!(mesh.ranks.len(), 2);
     // Stage 0 holds blocks 0..15 and the embedding, stage 1 blocks 15..30 and the output.
@@ -73,7 +76,14 @@ fn pipeline_stages_give_the_single_process_bits() {
 fn fsdp_shards_give_the_single_process_bits_and_hold_half_the_layers() {
     let base = eval(&with(&[]));
     for schedule in ["static", "dynamic"] {
-        let r = eval(&with(&["--ranks", "2", "--dp-shard", "2", "--schedule", schedule]));
+        let r = eval(&with(&[
+            "--ranks",
+            "2",
+            "--dp-shard",
+            "2",
+            "--schedule",
+            schedule,
+        ]));
         common::assert_same_numbers(&base, &r);
         let mesh = r.mesh.unwrap();
         assert_eq!(mesh.dims.dp_shard, 2);
@@ -96,7 +106,14 @@ fn fsdp_shards_give_the_single_process_bits_and_hold_half_the_layers() {
     }
     // An uneven split: 3 windows' worth of units over 2 shards, a shard idles while the
     // other finishes, and the bits still match.
-    let odd = eval(&with(&["--ranks", "2", "--dp-shard", "2", "--batch-size", "3"]));
+    let odd = eval(&with(&[
+        "--ranks",
+        "2",
+        "--dp-shard",
+        "2",
+        "--batch-size",
+        "3",
+    ]));
     common::assert_same_numbers(&base, &odd);
 }
 
@@ -110,7 +127,10 @@ fn tensor_parallel_agrees_within_its_tolerance() {
     // vocabulary split of the log-softmax).
     let rel = relative(tp.ppl, base.ppl);
     assert!(rel < 1e-5, "tp=3 PPL {} vs {} ({rel:e})", tp.ppl, base.ppl);
-    assert_ne!(tp.accumulator, base.accumulator, "a different order, not the same bits");
+    assert_ne!(
+        tp.accumulator, base.accumulator,
+        "a different order, not the same bits"
+    );
     for (a, b) in tp.windows.iter().zip(&base.windows) {
         assert!(relative(a.nll_sum, b.nll_sum) < 1e-5);
     }
@@ -119,7 +139,11 @@ fn tensor_parallel_agrees_within_its_tolerance() {
     let total: u64 = mesh.ranks.iter().map(|r| r.weights_bytes).sum();
     for r in &mesh.ranks {
         let share = r.weights_bytes as f64 / total as f64;
-        assert!((share - 1.0 / 3.0).abs() < 0.01, "rank {} holds {share}", r.rank);
+        assert!(
+            (share - 1.0 / 3.0).abs() < 0.01,
+            "rank {} holds {share}",
+            r.rank
+        );
     }
     // Each all-reduce sends 2·(tp−1)/tp of the partial sum per rank (reduce-scatter, then
     // all-gather): two per block and one for the embedding, over 8 windows × 128 × 576 f32,
@@ -147,7 +171,11 @@ fn combined_meshes_match_their_single_replica_runs() {
     let pp = eval(&with(&["--ranks", "2", "--pp", "2"]));
     let dp_pp = eval(&with(&["--ranks", "4", "--dp-replicate", "2", "--pp", "2"]));
     common::assert_same_numbers(&pp, &dp_pp);
-    assert_eq!(dp_pp.ranks.len(), 2, "two replicas in the data-parallel protocol");
+    assert_eq!(
+        dp_pp.ranks.len(),
+        2,
+        "two replicas in the data-parallel protocol"
+    );
     assert_eq!(dp_pp.mesh.as_ref().unwrap().ranks.len(), 4);
 
     let tp = eval(&with(&["--ranks", "3", "--tp", "3"]));
@@ -165,7 +193,14 @@ fn combined_meshes_match_their_single_replica_runs() {
 
     // The seed's layout: 2 replicas × 4 FSDP shards on 8 ranks (dp_shard inferred).
     let base = eval(&with(&[]));
-    let seed = eval(&with(&["--ranks", "8", "--dp-replicate", "2", "--dp-shard", "-1"]));
+    let seed = eval(&with(&[
+        "--ranks",
+        "8",
+        "--dp-replicate",
+        "2",
+        "--dp-shard",
+        "-1",
+    ]));
     common::assert_same_numbers(&base, &seed);
     let dims = seed.mesh.unwrap().dims;
     assert_eq!((dims.dp_replicate, dims.dp_shard), (2, 4));
@@ -175,12 +210,24 @@ fn combined_meshes_match_their_single_replica_runs() {
 fn compressed_activations_change_the_value_and_the_bytes() {
     let exact = eval(&with(&["--ranks", "2", "--pp", "2"]));
     let sent = |r: &ppl::report::Results| r.mesh.as_ref().unwrap().ranks[0].bytes_sent as f64;
-    for (dtype, ratio, tolerance) in [("bf16", 0.5, 2e-2), ("f16", 0.5, 1e-3), ("int8", 0.25, 5e-2)] {
+    for (dtype, ratio, tolerance) in [
+        ("bf16", 0.5, 2e-2),
+        ("f16", 0.5, 1e-3),
+        ("int8", 0.25, 5e-2),
+    ] {
         let r = eval(&with(&["--ranks", "2", "--pp", "2", "--comm-dtype", dtype]));
         let rel = relative(r.ppl, exact.ppl);
-        assert!(rel < tolerance, "{dtype}: {} vs {} ({rel:e})", r.ppl, exact.ppl);
+        assert!(
+            rel < tolerance,
+            "{dtype}: {} vs {} ({rel:e})",
+            r.ppl,
+            exact.ppl
+        );
         let bytes = sent(&r) / sent(&exact);
-        assert!((bytes - ratio).abs() < 0.02, "{dtype}: {bytes} of the f32 bytes");
+        assert!(
+            (bytes - ratio).abs() < 0.02,
+            "{dtype}: {bytes} of the f32 bytes"
+        );
     }
 }
 
@@ -191,9 +238,15 @@ fn impossible_meshes_are_refused_with_the_rule_that_failed() {
             &["--ranks", "4", "--tp", "3", "--dp-shard", "1"],
             "= 3 ranks, but the world has 4",
         ),
-        (&["--ranks", "2", "--tp", "2"], "does not divide the model's 3 KV heads"),
+        (
+            &["--ranks", "2", "--tp", "2"],
+            "does not divide the model's 3 KV heads",
+        ),
         (&["--ranks", "2", "--tp", "2"], "use --tp 3"),
-        (&["--ranks", "31", "--pp", "31"], "exceeds the model's 30 layers"),
+        (
+            &["--ranks", "31", "--pp", "31"],
+            "exceeds the model's 30 layers",
+        ),
         (&["--ranks", "2", "--cp", "2"], "context parallelism"),
         (
             &["--ranks", "5", "--dp-replicate", "2", "--dp-shard", "-1"],

@@ -636,7 +636,7 @@ fn run_mpi(
     let comm = crate::dist::mpi::MpiComm::init()?;
     let world = crate::dist::Communicator::size(&comm);
     if let Some(n) = expected_world.filter(|&n| n != world) {
-        bail!("the configuration asks for {n} data-parallel ranks (--ranks, or parallel.dp_replicate × dp_shard) but mpirun started {world}; make them agree (dp_shard: -1 infers it)");
+        bail!("the configuration asks for {n} ranks (--ranks, or the product of the parallel degrees dp_replicate × dp_shard × tp × cp × pp) but mpirun started {world}; make them agree (--dp-shard -1 / dp_shard: -1 infers the rest)");
     }
     let mut opts = opts.clone();
     if crate::dist::Communicator::rank(&comm) != 0 {
