@@ -117,7 +117,7 @@ pub fn partition(dims: &ParallelDims, rank: usize, n_layers: usize) -> Partition
 }
 
 /// Checks a mesh against the model before any weight is loaded.
-fn check_mesh(dims: &ParallelDims, g: &GgufFile, mc: &LlamaConfig) -> Result<(), EvalError> {
+pub fn check_mesh(dims: &ParallelDims, g: &GgufFile, mc: &LlamaConfig) -> Result<(), EvalError> {
     if dims.pp > mc.n_layers {
         return Err(EvalError::Config(format!(
             "--pp {} exceeds the model's {} layers: every pipeline stage needs at least one layer; use --pp {} or less",

@@ -64,7 +64,7 @@ fn two_node_config_maps_dp_onto_ranks() {
         .arg(config("dp-2node.yaml"))
         .assert()
         .success()
-        .stdout(contains("dp_shard: 2"))
+        .stdout(contains("dp_replicate: 2"))
         .stdout(contains("schedule: dynamic"))
         .stdout(contains("chunks: -1"));
     ppl(dir.path())
@@ -87,14 +87,35 @@ fn two_node_config_maps_dp_onto_ranks() {
 }
 
 #[test]
+fn pipeline_config_runs_two_stages() {
+    let dir = tempfile::tempdir().unwrap();
+    ppl(dir.path())
+        .args(["eval", "--progress", "none", "--quiet", "--config"])
+        .arg(config("pp.yaml"))
+        .args([
+            "--set",
+            "data.chunks=2",
+            "--set",
+            "evaluation.max_seq_len=128",
+        ])
+        .assert()
+        .success();
+    let r = ppl::report::load(&dir.path().join("results.json")).unwrap();
+    let mesh = r.mesh.expect("a pipeline run records its mesh");
+    assert_eq!(mesh.dims.pp, 2);
+    assert_eq!(r.world.size, 2);
+}
+
+#[test]
 fn not_yet_supported_configs_are_refused_with_the_reason() {
     let dir = tempfile::tempdir().unwrap();
     ppl(dir.path())
         .args(["eval", "--config"])
         .arg(config("pp.yaml"))
+        .args(["--set", "parallel.cp=2", "--set", "parallel.pp=1"])
         .assert()
         .failure()
-        .stderr(contains("parallel.pp = 2"))
+        .stderr(contains("--cp 2"))
         .stderr(contains("not supported yet"));
     ppl(dir.path())
         .args(["eval", "--config"])

@@ -412,9 +412,17 @@ impl Resolved {
         if let Some(m) = e.max_tokens {
             out += &format!("  max_tokens: {m}\n");
         }
+        let p = &e.parallel;
+        let deg = |d: Option<i64>| d.unwrap_or(1);
         out += &format!(
-            "parallel:\n  dp_replicate: 1\n  dp_shard: {}\n  tp: 1\n  cp: 1\n  pp: 1\nevaluation:\n  batch_size: {}\n  max_seq_len: {}\n  precision: {}\n  threads: {}\n  schedule: {}\n  seed: {}\n  bootstrap_samples: {}\n",
-            e.ranks, e.batch_size, e.ctx, e.precision, e.threads, e.schedule, e.seed, e.bootstrap_samples
+            "parallel:\n  dp_replicate: {}\n  dp_shard: {}\n  tp: {}\n  cp: {}\n  pp: {}\n  comm_dtype: {}\nevaluation:\n  batch_size: {}\n  max_seq_len: {}\n  precision: {}\n  threads: {}\n  schedule: {}\n  seed: {}\n  bootstrap_samples: {}\n",
+            if p.any() { deg(p.dp_replicate) } else { e.ranks as i64 },
+            if p.any() { p.dp_shard.unwrap_or(-1) } else { 1 },
+            deg(p.tp),
+            deg(p.cp),
+            deg(p.pp),
+            e.comm_dtype,
+            e.batch_size, e.ctx, e.precision, e.threads, e.schedule, e.seed, e.bootstrap_samples
         );
         if let Some(o) = &self.output {
             out += &format!(

@@ -210,6 +210,54 @@ fn local_checks(args: &ValidateArgs, list: &mut Checklist) {
             format!("{} of {}", cfg.ctx, mc.context_length),
         );
     }
+    // The mesh, checked against the model as `eval` will before loading.
+    let mut parts: Vec<crate::model::Partition> = Vec::new();
+    match cfg
+        .dims(cfg.ranks)
+        .and_then(|d| crate::pipeline::check_mesh(&d, &g, &mc).map(|_| d))
+    {
+        Ok(dims) if dims.splits_model() => {
+            for r in 0..dims.world() {
+                let p = crate::pipeline::partition(&dims, r, mc.n_layers);
+                if !parts.contains(&p) {
+                    parts.push(p);
+                }
+            }
+            let per_rank: Vec<u64> = (0..dims.world())
+                .map(|r| {
+                    memory::partition_weight_bytes(
+                        &g,
+                        cfg.precision,
+                        &crate::pipeline::partition(&dims, r, mc.n_layers),
+                    )
+                })
+                .collect();
+            list.add(
+                Status::Pass,
+                "mesh",
+                format!(
+                    "dp_replicate={} dp_shard={} tp={} pp={} on {} ranks; weights per rank {} to {} (whole model {})",
+                    dims.dp_replicate,
+                    dims.dp_shard,
+                    dims.tp,
+                    dims.pp,
+                    dims.world(),
+                    memory::mib(per_rank.iter().copied().min().unwrap_or(0)),
+                    memory::mib(per_rank.iter().copied().max().unwrap_or(0)),
+                    memory::mib(memory::weight_bytes(&g, cfg.precision)),
+                ),
+            );
+        }
+        Ok(dims) => list.add(
+            Status::Pass,
+            "mesh",
+            format!(
+                "data parallel, {} rank(s), each with the whole model",
+                dims.world()
+            ),
+        ),
+        Err(e) => list.add(Status::Fail, "mesh", e.to_string()),
+    }
     let est = memory::estimate(
         &g,
         &mc,
@@ -218,7 +266,7 @@ fn local_checks(args: &ValidateArgs, list: &mut Checklist) {
         cfg.ctx,
         cfg.ranks,
         tok.vocab_size,
-        &[],
+        &parts,
     );
     match memory::available_bytes() {
         Some((avail, source)) => {

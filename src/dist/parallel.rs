@@ -76,8 +76,14 @@ pub struct StageRunner<'a> {
     comm_dtype: CommDtype,
     /// The first collective error inside the forward pass, kept with its structure.
     comm_error: Mutex<Option<CommError>>,
+    /// Micro-batches the leader sent down the pipeline whose records have not come back.
+    in_flight: usize,
     pub figures: StageFigures,
 }
+
+/// Micro-batches a pipeline leader keeps in flight per stage: enough that every stage has
+/// its next one queued while it works.
+const IN_FLIGHT_PER_STAGE: usize = 2;
 
 impl<'a> StageRunner<'a> {
     pub fn new(
@@ -98,6 +104,7 @@ impl<'a> StageRunner<'a> {
             windows,
             comm_dtype,
             comm_error: Mutex::new(None),
+            in_flight: 0,
             figures: StageFigures::default(),
         }
     }
@@ -394,37 +401,52 @@ impl StageRunner<'_> {
     }
 }
 
+impl StageRunner<'_> {
+    /// The records of the oldest micro-batch in flight, from the last stage.
+    fn receive_results(&mut self) -> Result<Vec<WindowResult>, RunError> {
+        let last = self.dims.at_stage(self.world.rank(), self.dims.pp - 1);
+        let b = self.world.recv(last, tag::RESULTS)?;
+        self.in_flight -= 1;
+        Ok(decode_json::<Vec<WindowResult>>(last, &b)?)
+    }
+}
+
 impl Scorer for StageRunner<'_> {
+    /// Without pipeline stages the unit is one step and its records come back at once. With
+    /// them, each window is a micro-batch pushed into the pipeline; records are collected only
+    /// once `IN_FLIGHT_PER_STAGE · pp` micro-batches are in flight, so the stages overlap
+    /// across units too.
     fn score(&mut self, unit: &[usize]) -> Result<Vec<WindowResult>, RunError> {
-        let micro: Vec<Vec<usize>> = if self.dims.pp > 1 {
-            unit.iter().map(|&i| vec![i]).collect()
-        } else {
-            vec![unit.to_vec()]
-        };
         let mut out = Vec::with_capacity(unit.len());
-        for mb in &micro {
-            let step = self.lead_step(Some(mb.clone()))?;
+        if self.dims.pp == 1 {
+            let step = self.lead_step(Some(unit.to_vec()))?;
             if let Some(r) = self.run_step(step, None)? {
                 out.extend(r);
             }
+            return Ok(out);
         }
-        if !self.is_last() {
-            let last = self.dims.at_stage(self.world.rank(), self.dims.pp - 1);
-            for _ in &micro {
-                let b = self.world.recv(last, tag::RESULTS)?;
-                out.extend(decode_json::<Vec<WindowResult>>(last, &b)?);
+        for &w in unit {
+            let step = self.lead_step(Some(vec![w]))?;
+            self.run_step(step, None)?;
+            self.in_flight += 1;
+            while self.in_flight >= IN_FLIGHT_PER_STAGE * self.dims.pp {
+                out.extend(self.receive_results()?);
             }
         }
         Ok(out)
     }
 
-    fn finish(&mut self) -> Result<(), RunError> {
+    fn finish(&mut self) -> Result<Vec<WindowResult>, RunError> {
+        let mut out = Vec::new();
+        while self.in_flight > 0 {
+            out.extend(self.receive_results()?);
+        }
         loop {
             let step = self.lead_step(None)?;
             let done = step == Step::Done;
             self.run_step(step, None)?;
             if done {
-                return Ok(());
+                return Ok(out);
             }
         }
     }

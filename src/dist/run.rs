@@ -20,12 +20,15 @@ use crate::model::{Llama, ModelError};
 /// ([`ModelScorer`]), or a model-parallel replica led by this rank
 /// ([`super::parallel::StageRunner`]).
 pub trait Scorer {
-    /// Exact records of the windows `unit` (indices into the run's windows), in unit order.
+    /// Starts the windows `unit` (indices into the run's windows) and returns the exact
+    /// records of every window that finished meanwhile: this unit's, or (in a pipeline, which
+    /// keeps several units in flight) earlier ones.
     fn score(&mut self, unit: &[usize]) -> Result<Vec<WindowResult>, RunError>;
-    /// Called once when this replica has no more work (a pipeline is told to stop; an FSDP
-    /// shard group keeps this replica joining its gathers until every member is done).
-    fn finish(&mut self) -> Result<(), RunError> {
-        Ok(())
+    /// Called once when this replica has no more work: returns the records still in flight
+    /// (a pipeline is then told to stop; an FSDP shard group keeps this replica joining its
+    /// gathers until every member is done).
+    fn finish(&mut self) -> Result<Vec<WindowResult>, RunError> {
+        Ok(Vec::new())
     }
 }
 
@@ -114,13 +117,17 @@ impl Clock {
         self.stats.idle_s += t.elapsed().as_secs_f64();
         r
     }
+    /// Scores a unit (`Some`) or drains the scorer (`None`), stamping the records.
     fn compute(
         &mut self,
         scorer: &mut dyn Scorer,
-        unit: &[usize],
+        unit: Option<&[usize]>,
     ) -> Result<Vec<WindowResult>, RunError> {
         let t = Instant::now();
-        let mut r = scorer.score(unit)?;
+        let mut r = match unit {
+            Some(unit) => scorer.score(unit)?,
+            None => scorer.finish()?,
+        };
         self.stats.compute_s += t.elapsed().as_secs_f64();
         let finished_s = self.start.elapsed().as_secs_f64();
         for w in &mut r {
@@ -329,10 +336,12 @@ fn root(
                     .unwrap_or_else(|e| e.into_inner())
                     .pop_front();
                 let Some(unit) = unit else { break };
-                let r = clock.compute(scorer, &unit)?;
+                let r = clock.compute(scorer, Some(&unit))?;
                 shared.deliver(r);
             }
-            clock.idle(|| scorer.finish())
+            let r = clock.compute(scorer, None)?;
+            shared.deliver(r);
+            Ok(())
         })();
         if let Err(e) = own {
             // Wake the server (and every rank) before leaving.
@@ -397,7 +406,7 @@ fn worker(
         Schedule::Static => {
             let mine = schedule::static_share(windows.len(), comm.rank(), comm.size());
             for unit in schedule::units(windows, &mine, batch_size) {
-                let r = clock.compute(scorer, &unit)?;
+                let r = clock.compute(scorer, Some(&unit))?;
                 clock.comm(|| comm.send(0, tag::TO_ROOT, encode(&ToRoot::Results(r))))?;
             }
         }
@@ -414,7 +423,7 @@ fn worker(
                 outstanding -= 1;
                 match decode::<Assign>(0, &bytes)? {
                     Assign::Work(unit) if !done => {
-                        let r = clock.compute(scorer, &unit)?;
+                        let r = clock.compute(scorer, Some(&unit))?;
                         clock.comm(|| comm.send(0, tag::TO_ROOT, encode(&ToRoot::Results(r))))?;
                         clock.comm(|| comm.send(0, tag::TO_ROOT, encode(&ToRoot::Request)))?;
                         outstanding += 1;
@@ -431,7 +440,10 @@ fn worker(
             }
         }
     }
-    clock.idle(|| scorer.finish())?;
+    let r = clock.compute(scorer, None)?;
+    if !r.is_empty() {
+        clock.comm(|| comm.send(0, tag::TO_ROOT, encode(&ToRoot::Results(r))))?;
+    }
     let stats = Clock {
         stats: clock.stats.clone(),
         start: clock.start,
