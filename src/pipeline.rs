@@ -27,14 +27,14 @@ use crate::dist::run::ModelScorer;
 use crate::dist::run::{self as dp, RunError};
 use crate::dist::schedule::Schedule;
 use crate::dist::{local, CommError, Communicator};
-use crate::eval::{stats, NllAccumulator};
+use crate::eval::{ledger, stats, NllAccumulator};
 use crate::fingerprint;
 use crate::model::{
     gguf, memory, shard, GgufFile, Llama, LlamaConfig, ModelError, Partition, Precision,
 };
 use crate::report::progress::{Progress, ProgressMode};
 use crate::report::{
-    DataInfo, MemoryReport, MeshInfo, MeshRank, ModelInfo, Results, SystemInfo, Timings,
+    DataInfo, MemoryReport, MeshInfo, MeshRank, ModelInfo, Results, RunInfo, SystemInfo, Timings,
     WindowRecord, WorldInfo, SCHEMA_VERSION,
 };
 use crate::tokenize::{TokenizeError, Tokenizer};
@@ -65,6 +65,11 @@ pub struct EvalConfig {
     pub parallel: RequestedDims,
     /// Type of activations on the wire between model-parallel ranks.
     pub comm_dtype: CommDtype,
+    /// Run directory for the ledger (`--run-dir`, `--resume`); rank 0 picks a fresh one under
+    /// `runs/` when absent.
+    pub run_dir: Option<PathBuf>,
+    /// Skip the windows the run directory's ledgers already hold (`--resume`).
+    pub resume: bool,
 }
 
 impl EvalConfig {
@@ -82,6 +87,25 @@ impl EvalConfig {
             "bootstrap_samples": self.bootstrap_samples,
             "parallel": self.parallel,
             "comm_dtype": self.comm_dtype,
+        })
+        .to_string()
+    }
+
+    /// The options a window's value depends on, for the ledger's binding: unlike
+    /// [`Self::scoring_json`] it leaves out the layout (world size, pp, dp_shard), which never
+    /// changes a value, so a run can resume on another mesh; tensor parallelism and lossy
+    /// activation compression do change values and are kept.
+    fn values_json(&self, dims: &ParallelDims) -> String {
+        let lossy = dims.tp > 1 || dims.pp > 1;
+        serde_json::json!({
+            "method": self.method,
+            "ctx": self.ctx,
+            "stride": self.stride,
+            "chunks": self.chunks,
+            "max_tokens": self.max_tokens,
+            "precision": self.precision,
+            "tp": dims.tp,
+            "comm_dtype": if lossy { self.comm_dtype } else { CommDtype::F32 },
         })
         .to_string()
     }
@@ -136,6 +160,9 @@ pub struct RunOptions {
     /// Testing aid: give one rank a different data file (`--debug-rank-data R=PATH`), to
     /// exercise the start-up agreement as a node with a different file would.
     pub rank_data: Option<(usize, PathBuf)>,
+    /// The resolved configuration as a config file, saved in the run directory so that
+    /// `--resume DIR` alone can restart the run.
+    pub config_yaml: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -158,6 +185,8 @@ pub enum EvalError {
     Rank { rank: usize, source: Box<EvalError> },
     #[error("{0}")]
     Memory(String),
+    #[error(transparent)]
+    Ledger(#[from] ledger::LedgerError),
 }
 
 impl From<RunError> for EvalError {
@@ -165,6 +194,7 @@ impl From<RunError> for EvalError {
         match e {
             RunError::Comm(c) => EvalError::Comm(c),
             RunError::Model(m) => EvalError::Model(m),
+            RunError::Ledger(l) => EvalError::Ledger(l),
         }
     }
 }
@@ -288,6 +318,7 @@ pub struct RankSetup {
     prepared: Prepared,
     tokenize_s: f64,
     seed: u64,
+    run_dir: PathBuf,
     started: Instant,
 }
 
@@ -375,6 +406,17 @@ pub fn setup_rank(
                 })?,
         );
 
+    // Rank 0 names the run directory; every rank uses its choice.
+    let run_dir = if comm.rank() == 0 {
+        cfg.run_dir.clone().unwrap_or_else(default_run_dir)
+    } else {
+        PathBuf::new()
+    };
+    let run_dir = PathBuf::from(
+        String::from_utf8_lossy(&comm.broadcast(0, run_dir.display().to_string().into_bytes())?)
+            .into_owned(),
+    );
+
     let t_tok = Instant::now();
     let cfg_here = EvalConfig {
         data: data_path.to_path_buf(),
@@ -405,8 +447,89 @@ pub fn setup_rank(
         prepared,
         tokenize_s,
         seed,
+        run_dir,
         started,
     })
+}
+
+/// A fresh directory under `runs/`, named by the UTC time (a counter added if taken).
+fn default_run_dir() -> PathBuf {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    let stamp = format!(
+        "{year:04}{month:02}{day:02}-{:02}{:02}{:02}",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    );
+    let _ = std::fs::create_dir_all("runs");
+    // Claimed by creating it, so two runs started in the same second get different ones.
+    (0..1000)
+        .map(|i| match i {
+            0 => PathBuf::from("runs").join(&stamp),
+            i => PathBuf::from("runs").join(format!("{stamp}-{i}")),
+        })
+        .find(|p| std::fs::create_dir(p).is_ok())
+        .unwrap_or_else(|| PathBuf::from("runs").join(format!("{stamp}-{}", std::process::id())))
+}
+
+/// What rank 0 tells every rank before scoring: the ledger attempt number and the windows the
+/// ledgers already hold.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct ResumePlan {
+    attempt: usize,
+    done: Vec<usize>,
+}
+
+/// Rank 0: reads the run directory's ledgers (when resuming) and saves the configuration.
+fn plan_resume(
+    cfg: &EvalConfig,
+    setup: &RankSetup,
+    binding: &ledger::Binding,
+    opts: &RunOptions,
+) -> Result<(ResumePlan, Vec<crate::eval::WindowResult>, Vec<String>), EvalError> {
+    let dir = &setup.run_dir;
+    let (done, notes) = if cfg.resume {
+        ledger::load(dir, binding)?
+    } else {
+        (Vec::new(), Vec::new())
+    };
+    std::fs::create_dir_all(dir).map_err(|e| {
+        EvalError::Config(format!(
+            "cannot create the run directory {}: {e}; give a writable --run-dir",
+            dir.display()
+        ))
+    })?;
+    if let Some(yaml) = &opts.config_yaml {
+        let path = dir.join("config.yaml");
+        if !path.exists() {
+            std::fs::write(&path, yaml)
+                .map_err(|e| EvalError::Config(format!("cannot write {}: {e}", path.display())))?;
+        }
+    }
+    for n in &notes {
+        tracing::warn!("{n}");
+    }
+    Ok((
+        ResumePlan {
+            attempt: ledger::next_attempt(dir),
+            done: done.iter().map(|r| r.index).collect(),
+        },
+        done,
+        notes,
+    ))
 }
 
 /// Phase two on every rank: score this rank's share; rank 0 returns the results.
@@ -419,9 +542,64 @@ pub fn run_rank(
     load_s: f64,
     threads: usize,
     progress: Option<&Mutex<Progress>>,
+    opts: &RunOptions,
 ) -> Result<Option<Results>, EvalError> {
     let plan = &setup.prepared.plan;
     let dims = cfg.dims(comm.size())?;
+    // The ledger: rank 0 reads what a previous attempt recorded (--resume) and every rank
+    // learns which windows are left.
+    let binding = ledger::Binding {
+        model_sha256: fingerprint::sha256_file_cached(&cfg.model)
+            .map_err(|e| EvalError::Config(format!("cannot read {}: {e}", cfg.model.display())))?,
+        data_sha256: setup.text_sha256.clone(),
+        tokenizer_sha256: setup.tok.fingerprint.clone(),
+        config: cfg.values_json(&dims),
+        windows: plan.windows.len(),
+    };
+    let (resume_plan, done, notes) = if comm.rank() == 0 {
+        match plan_resume(cfg, setup, &binding, opts) {
+            Ok((p, done, notes)) => {
+                comm.broadcast(0, serde_json::to_vec(&p).expect("plans serialize"))?;
+                (p, done, notes)
+            }
+            Err(e) => {
+                comm.abort(&e.to_string());
+                return Err(e);
+            }
+        }
+    } else {
+        let b = comm.broadcast(0, Vec::new())?;
+        let p: ResumePlan = serde_json::from_slice(&b).map_err(|e| CommError::Protocol {
+            from: 0,
+            detail: e.to_string(),
+        })?;
+        (p, Vec::new(), Vec::new())
+    };
+    let done_set: std::collections::HashSet<usize> = resume_plan.done.iter().copied().collect();
+    let todo: Vec<usize> = (0..plan.windows.len())
+        .filter(|i| !done_set.contains(i))
+        .collect();
+    let from_ledger = resume_plan.done.len();
+    let work = dp::Work {
+        windows: &plan.windows,
+        todo,
+        done,
+        batch_size: cfg.batch_size,
+        schedule: cfg.schedule,
+        threads,
+    };
+    let new_ledger = || -> Result<ledger::LedgerWriter, EvalError> {
+        ledger::LedgerWriter::create(
+            &setup.run_dir,
+            comm.rank(),
+            resume_plan.attempt,
+            binding.clone(),
+        )
+        .map_err(|e| {
+            comm.abort(&e.to_string());
+            e.into()
+        })
+    };
     let t_eval = Instant::now();
     let on_results = |r: &[crate::eval::WindowResult]| {
         if let Some(p) = progress {
@@ -433,15 +611,8 @@ pub fn run_rank(
             model,
             windows: &plan.windows,
         };
-        let g = dp::run(
-            comm,
-            &mut scorer,
-            &plan.windows,
-            cfg.batch_size,
-            cfg.schedule,
-            threads,
-            on_results,
-        )?;
+        let mut ledger = new_ledger()?;
+        let g = dp::run(comm, &mut scorer, work, Some(&mut ledger), on_results)?;
         (g, None)
     } else {
         // Model-parallel traffic and the data-parallel protocol's are metered apart: the
@@ -451,15 +622,8 @@ pub fn run_rank(
         let mut runner = StageRunner::new(&metered, dims, model, &plan.windows, cfg.comm_dtype);
         let gathered = if runner.is_leader() {
             let replicas = Group::new(&dp_metered, dims.leaders(), base::DATA_PARALLEL);
-            dp::run(
-                &replicas,
-                &mut runner,
-                &plan.windows,
-                cfg.batch_size,
-                cfg.schedule,
-                threads,
-                on_results,
-            )?
+            let mut ledger = new_ledger()?;
+            dp::run(&replicas, &mut runner, work, Some(&mut ledger), on_results)?
         } else {
             if let Err(e) = runner.follow() {
                 comm.abort(&e.to_string());
@@ -636,6 +800,13 @@ pub fn run_rank(
         },
         ranks: gathered.ranks,
         mesh: mesh_info,
+        run: Some(RunInfo {
+            dir: setup.run_dir.display().to_string(),
+            attempt: resume_plan.attempt,
+            resumed: cfg.resume,
+            windows_from_ledger: from_ledger,
+            ledger_notes: notes,
+        }),
         hardest,
         memory: None,
     }))
@@ -749,6 +920,7 @@ pub fn evaluate_rank(
         load_s,
         cfg.threads,
         progress.as_ref(),
+        opts,
     )?;
     Ok(results.map(|r| Results {
         memory: Some(memory),
@@ -943,13 +1115,29 @@ pub fn evaluate(cfg: &EvalConfig, opts: &RunOptions) -> Result<Results, EvalErro
                             EvalError::Config(format!("cannot start compute threads: {e}"))
                         })?;
                     let progress = (c.rank() == 0).then_some(progress);
-                    pool.install(|| {
-                        run_rank(c, cfg, setup, model, load_s, per_rank, progress).map(|r| {
-                            r.map(|r| Results {
-                                memory: Some(memory.clone()),
-                                ..r
-                            })
+                    // A panicking rank tells the others at once (they would otherwise wait
+                    // for it until PPL_COMM_TIMEOUT) and is reported by number.
+                    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        pool.install(|| {
+                            run_rank(c, cfg, setup, model, load_s, per_rank, progress, opts)
+                                .map(|r| {
+                                    r.map(|r| Results {
+                                        memory: Some(memory.clone()),
+                                        ..r
+                                    })
+                                })
                         })
+                    }));
+                    outcome.unwrap_or_else(|payload| {
+                        let msg = format!(
+                            "rank {rank} ({}) panicked: {}",
+                            c.host(),
+                            panic_message(payload.as_ref())
+                        );
+                        c.abort(&msg);
+                        Err(EvalError::Config(format!(
+                            "{msg}; the ledger in the run directory keeps every window finished before it (resume with --resume)"
+                        )))
                     })
                 })
             })
@@ -968,13 +1156,19 @@ fn join_rank<T>(
     h: std::thread::ScopedJoinHandle<'_, Result<T, EvalError>>,
 ) -> Result<T, EvalError> {
     h.join().unwrap_or_else(|payload| {
-        let msg = payload
-            .downcast_ref::<String>()
-            .cloned()
-            .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
-            .unwrap_or_else(|| "unknown panic".into());
-        Err(EvalError::Config(format!("a rank thread panicked: {msg}")))
+        Err(EvalError::Config(format!(
+            "a rank thread panicked: {}",
+            panic_message(payload.as_ref())
+        )))
     })
+}
+
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "unknown panic".into())
 }
 
 /// The most informative error among ranks: a rank's own failure before the echoes of it

@@ -160,6 +160,15 @@ pub struct EvalArgs {
     /// Print llama.cpp-style running values [1]…,[2]… on stdout.
     #[arg(long)]
     print_chunks: bool,
+    /// Run directory: the ledger of finished windows and the configuration go here
+    /// [default: a fresh runs/YYYYMMDD-HHMMSS].
+    #[arg(long, value_name = "DIR")]
+    run_dir: Option<PathBuf>,
+    /// Resume the run in DIR: windows its ledgers hold are not recomputed. Without --config
+    /// or --model, the configuration saved in DIR/config.yaml is used (flags still override,
+    /// e.g. another --ranks or mesh).
+    #[arg(long, value_name = "DIR", conflicts_with = "run_dir")]
+    resume: Option<PathBuf>,
     /// Write results as JSON to this file (written only when the run completes).
     #[arg(short, long)]
     output: Option<PathBuf>,
@@ -229,11 +238,25 @@ impl EvalArgs {
             }),
             print_chunks: self.print_chunks,
             rank_data,
+            config_yaml: None,
         })
     }
 
     fn load_config(&self) -> anyhow::Result<Config> {
-        Ok(match &self.config {
+        let saved = self
+            .resume
+            .as_ref()
+            .filter(|_| self.config.is_none() && self.model.is_none())
+            .map(|d| d.join("config.yaml"));
+        if let Some(p) = &saved {
+            if !p.is_file() {
+                bail!(
+                    "--resume {}: no config.yaml there; give the run's flags again (--model, --data, …) with --resume, or check the directory",
+                    p.parent().map_or(String::new(), |d| d.display().to_string())
+                );
+            }
+        }
+        Ok(match self.config.as_ref().or(saved.as_ref()) {
             Some(p) => Config::load(p, &self.sets)?,
             None if !self.sets.is_empty() => {
                 Config::parse("", "--set", &self.sets, &|v| std::env::var(v).ok())?
@@ -377,6 +400,8 @@ impl EvalArgs {
                 schedule,
                 parallel,
                 comm_dtype,
+                run_dir: self.resume.clone().or_else(|| self.run_dir.clone()),
+                resume: self.resume.is_some(),
             },
             ranks_given: self.ranks.is_some() || dp.is_some(),
             output,
@@ -396,8 +421,25 @@ pub struct Resolved {
 }
 
 impl Resolved {
+    /// [`Self::to_yaml`] with absolute model and data paths (saved in the run directory, where
+    /// relative paths would resolve against the wrong place).
+    pub fn to_yaml_absolute(&self) -> String {
+        let abs = |p: &PathBuf| std::path::absolute(p).unwrap_or_else(|_| p.clone());
+        let mut r = self.clone();
+        r.eval.model = abs(&r.eval.model);
+        r.eval.data = abs(&r.eval.data);
+        r.output = r.output.as_ref().map(abs);
+        r.yaml(false)
+    }
+
     /// The resolved configuration in the config file's schema (`ppl config show`).
     pub fn to_yaml(&self) -> String {
+        self.yaml(true)
+    }
+
+    /// `keep_world`: write a plain data-parallel rank count as `dp_replicate` (`config show`);
+    /// otherwise leave the world to the next run (a resume may use any world size).
+    fn yaml(&self, keep_world: bool) -> String {
         let e = &self.eval;
         let mut out = format!(
             "model:\n  path: {}\n  format: gguf\ndata:\n  path: {}\n  method: {}\n",
@@ -416,7 +458,13 @@ impl Resolved {
         let deg = |d: Option<i64>| d.unwrap_or(1);
         out += &format!(
             "parallel:\n  dp_replicate: {}\n  dp_shard: {}\n  tp: {}\n  cp: {}\n  pp: {}\n  comm_dtype: {}\nevaluation:\n  batch_size: {}\n  max_seq_len: {}\n  precision: {}\n  threads: {}\n  schedule: {}\n  seed: {}\n  bootstrap_samples: {}\n",
-            if p.any() { deg(p.dp_replicate) } else { e.ranks as i64 },
+            if p.any() {
+                deg(p.dp_replicate)
+            } else if keep_world {
+                e.ranks as i64
+            } else {
+                1
+            },
             if p.any() { p.dp_shard.unwrap_or(-1) } else { 1 },
             deg(p.tp),
             deg(p.cp),
@@ -513,7 +561,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Eval(args) => {
             let resolved = args.resolve()?;
             let cfg = &resolved.eval;
-            let opts = args.run_options()?;
+            let mut opts = args.run_options()?;
+            opts.config_yaml = Some(resolved.to_yaml_absolute());
             let expected = match &args.expect {
                 Some(p) => Some(report::load(p).map_err(|e| anyhow::anyhow!("--expect: {e}"))?),
                 None => None,

@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use super::schedule::{self, Schedule};
 use super::{tag, CommError, Communicator};
 use crate::data::Window;
+use crate::eval::ledger::{LedgerError, LedgerWriter};
 use crate::eval::{self, WindowResult};
 use crate::model::{Llama, ModelError};
 
@@ -89,6 +90,20 @@ pub enum RunError {
     Comm(#[from] CommError),
     #[error(transparent)]
     Model(#[from] ModelError),
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+}
+
+/// What a data-parallel run scores.
+pub struct Work<'a> {
+    pub windows: &'a [Window],
+    /// Windows still to score, ascending (all of them unless the run resumes).
+    pub todo: Vec<usize>,
+    /// Records of the windows already done, from the ledger (rank 0 only).
+    pub done: Vec<WindowResult>,
+    pub batch_size: usize,
+    pub schedule: Schedule,
+    pub threads: usize,
 }
 
 /// What rank 0 holds at the end.
@@ -99,12 +114,14 @@ pub struct Gathered {
     pub ranks: Vec<RankStats>,
 }
 
-struct Clock {
+struct Clock<'l> {
     stats: RankStats,
     start: Instant,
+    /// This rank's ledger: every record is appended as soon as it exists.
+    ledger: Option<&'l mut LedgerWriter>,
 }
 
-impl Clock {
+impl Clock<'_> {
     fn comm<T>(&mut self, f: impl FnOnce() -> T) -> T {
         let t = Instant::now();
         let r = f();
@@ -124,6 +141,17 @@ impl Clock {
         unit: Option<&[usize]>,
     ) -> Result<Vec<WindowResult>, RunError> {
         let t = Instant::now();
+        // Testing aid (PPL_DEBUG_PANIC_RANK=R): rank R crashes in its second unit, as a bug
+        // or a failed allocation would.
+        if unit.is_some()
+            && self.stats.windows > 0
+            && std::env::var("PPL_DEBUG_PANIC_RANK")
+                .ok()
+                .and_then(|v| v.parse::<usize>().ok())
+                == Some(self.stats.rank)
+        {
+            panic!("PPL_DEBUG_PANIC_RANK: simulated crash");
+        }
         let mut r = match unit {
             Some(unit) => scorer.score(unit)?,
             None => scorer.finish()?,
@@ -137,13 +165,19 @@ impl Clock {
         self.stats.windows += r.len();
         self.stats.tokens += r.iter().map(|w| w.acc.count).sum::<u64>();
         self.stats.input_tokens += r.iter().map(|w| w.input_tokens as u64).sum::<u64>();
+        if let Some(l) = self.ledger.as_deref_mut() {
+            l.append(&r)?;
+            if unit.is_none() {
+                l.sync()?;
+            }
+        }
         Ok(r)
     }
-    fn finish(mut self) -> RankStats {
+    fn finish(&mut self) -> RankStats {
         self.stats.wall_s = self.start.elapsed().as_secs_f64();
         self.stats.tokens_per_s = self.stats.input_tokens as f64 / self.stats.compute_s.max(1e-9);
         self.stats.peak_rss_bytes = crate::fingerprint::peak_rss_bytes();
-        self.stats
+        self.stats.clone()
     }
 }
 
@@ -163,33 +197,24 @@ fn decode<T: for<'de> Deserialize<'de>>(from: usize, b: &[u8]) -> Result<T, Comm
 pub fn run(
     comm: &dyn Communicator,
     scorer: &mut dyn Scorer,
-    windows: &[Window],
-    batch_size: usize,
-    sched: Schedule,
-    threads: usize,
+    work: Work<'_>,
+    ledger: Option<&mut LedgerWriter>,
     mut on_results: impl FnMut(&[WindowResult]) + Send,
 ) -> Result<Option<Gathered>, RunError> {
     let mut clock = Clock {
         stats: RankStats {
             rank: comm.rank(),
             host: comm.host(),
-            threads,
+            threads: work.threads,
             ..Default::default()
         },
         start: Instant::now(),
+        ledger,
     };
     let outcome = if comm.rank() == 0 {
-        root(
-            comm,
-            scorer,
-            windows,
-            batch_size,
-            sched,
-            &mut clock,
-            &mut on_results,
-        )
+        root(comm, scorer, work, &mut clock, &mut on_results)
     } else {
-        worker(comm, scorer, windows, batch_size, sched, &mut clock).map(|_| None)
+        worker(comm, scorer, &work, &mut clock).map(|_| None)
     };
     match outcome {
         Ok(Some(mut g)) => {
@@ -302,27 +327,27 @@ fn serve(
 fn root(
     comm: &dyn Communicator,
     scorer: &mut dyn Scorer,
-    windows: &[Window],
-    batch_size: usize,
-    sched: Schedule,
-    clock: &mut Clock,
+    work: Work<'_>,
+    clock: &mut Clock<'_>,
     on_results: OnResults<'_>,
 ) -> Result<Option<Gathered>, RunError> {
     let size = comm.size();
+    let (windows, sched) = (work.windows, work.schedule);
     let queue = match sched {
         Schedule::Static => schedule::units(
             windows,
-            &schedule::static_share(windows.len(), 0, size),
-            batch_size,
+            &schedule::static_share(&work.todo, 0, size),
+            work.batch_size,
         ),
-        Schedule::Dynamic => {
-            let all: Vec<usize> = schedule::all(windows.len()).collect();
-            schedule::units(windows, &all, batch_size)
-        }
+        Schedule::Dynamic => schedule::units(windows, &work.todo, work.batch_size),
     };
+    // Windows done before a resume count as delivered.
+    if !work.done.is_empty() {
+        on_results(&work.done);
+    }
     let shared = Shared {
         queue: Mutex::new(queue),
-        results: Mutex::new(Vec::with_capacity(windows.len())),
+        results: Mutex::new(work.done),
         on_results: Mutex::new(on_results),
         stop: AtomicBool::new(false),
     };
@@ -387,11 +412,10 @@ fn root(
 fn worker(
     comm: &dyn Communicator,
     scorer: &mut dyn Scorer,
-    windows: &[Window],
-    batch_size: usize,
-    sched: Schedule,
-    clock: &mut Clock,
+    work: &Work<'_>,
+    clock: &mut Clock<'_>,
 ) -> Result<(), RunError> {
+    let (windows, sched, batch_size) = (work.windows, work.schedule, work.batch_size);
     // Testing aid (PPL_DEBUG_STALL_RANK=R): rank R goes silent, as a hung or unplugged node
     // would, so that the bounded wait and its message can be tested.
     if std::env::var("PPL_DEBUG_STALL_RANK")
@@ -404,7 +428,7 @@ fn worker(
     }
     match sched {
         Schedule::Static => {
-            let mine = schedule::static_share(windows.len(), comm.rank(), comm.size());
+            let mine = schedule::static_share(&work.todo, comm.rank(), comm.size());
             for unit in schedule::units(windows, &mine, batch_size) {
                 let r = clock.compute(scorer, Some(&unit))?;
                 clock.comm(|| comm.send(0, tag::TO_ROOT, encode(&ToRoot::Results(r))))?;
@@ -444,11 +468,7 @@ fn worker(
     if !r.is_empty() {
         clock.comm(|| comm.send(0, tag::TO_ROOT, encode(&ToRoot::Results(r))))?;
     }
-    let stats = Clock {
-        stats: clock.stats.clone(),
-        start: clock.start,
-    }
-    .finish();
+    let stats = clock.finish();
     clock.comm(|| comm.send(0, tag::TO_ROOT, encode(&ToRoot::Final(stats))))?;
     Ok(())
 }

@@ -10,7 +10,6 @@
 //! on which rank scored what.
 
 use std::collections::VecDeque;
-use std::ops::Range;
 
 use serde::{Deserialize, Serialize};
 
@@ -54,14 +53,14 @@ pub fn units(windows: &[Window], indices: &[usize], batch: usize) -> VecDeque<Ve
     out
 }
 
-/// The windows rank `rank` of `size` scores under the static schedule.
-pub fn static_share(n_windows: usize, rank: usize, size: usize) -> Vec<usize> {
-    (rank..n_windows).step_by(size.max(1)).collect()
-}
-
-/// All window indices (the dynamic queue's content, in order).
-pub fn all(n_windows: usize) -> Range<usize> {
-    0..n_windows
+/// The windows rank `rank` of `size` scores under the static schedule: every `size`-th of
+/// the windows still to do, starting at the `rank`-th.
+pub fn static_share(todo: &[usize], rank: usize, size: usize) -> Vec<usize> {
+    todo.iter()
+        .skip(rank)
+        .step_by(size.max(1))
+        .copied()
+        .collect()
 }
 
 #[cfg(test)]
@@ -82,11 +81,15 @@ mod tests {
     #[test]
     fn static_shares_partition_the_windows() {
         for size in 1..=5 {
-            let mut seen: Vec<usize> = (0..size).flat_map(|r| static_share(17, r, size)).collect();
+            let mut seen: Vec<usize> = (0..size)
+                .flat_map(|r| static_share(&(0..17).collect::<Vec<_>>(), r, size))
+                .collect();
             seen.sort();
             assert_eq!(seen, (0..17).collect::<Vec<_>>());
         }
-        assert_eq!(static_share(7, 1, 3), vec![1, 4]);
+        assert_eq!(static_share(&[0, 1, 2, 3, 4, 5, 6], 1, 3), vec![1, 4]);
+        // Resuming: only the windows left, shared out the same way.
+        assert_eq!(static_share(&[2, 3, 5, 8], 1, 2), vec![3, 8]);
     }
 
     #[test]

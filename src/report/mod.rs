@@ -92,6 +92,9 @@ pub struct Results {
     /// whole model.
     #[serde(default)]
     pub mesh: Option<MeshInfo>,
+    /// The run directory and its ledger.
+    #[serde(default)]
+    pub run: Option<RunInfo>,
     /// The windows with the highest mean NLL, with the text they scored.
     #[serde(default)]
     pub hardest: Vec<HardWindow>,
@@ -116,6 +119,19 @@ pub struct HardWindow {
     pub mean_nll: f64,
     /// The first scored tokens, decoded.
     pub excerpt: String,
+}
+
+/// Where a run's ledger lives and what a resume took from it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct RunInfo {
+    pub dir: String,
+    /// 0 for a first run, then one more per resume.
+    pub attempt: usize,
+    pub resumed: bool,
+    /// Windows whose records came from earlier attempts' ledgers (not recomputed).
+    pub windows_from_ledger: usize,
+    /// Torn or corrupt ledger tails that were dropped (their windows were recomputed).
+    pub ledger_notes: Vec<String>,
 }
 
 /// A model-parallel run's mesh.
