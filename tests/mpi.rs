@@ -217,3 +217,112 @@ fn mpirun_refuses_a_mesh_that_does_not_fit_its_world() {
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert!(!out.exists());
 }
+
+/// The PID of the `ppl` process of MPI rank `rank` whose command line mentions `marker`.
+fn rank_pid(rank: usize, marker: &str) -> Option<u32> {
+    std::fs::read_dir("/proc").ok()?.find_map(|e| {
+        let e = e.ok()?;
+        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+        let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+        let cmdline = String::from_utf8_lossy(&cmdline);
+        if !cmdline.contains(marker) || cmdline.contains("mpirun") {
+            return None;
+        }
+        let environ = std::fs::read(e.path().join("environ")).ok()?;
+        let wanted = format!("OMPI_COMM_WORLD_RANK={rank}");
+        environ
+            .split(|&b| b == 0)
+            .any(|v| v == wanted.as_bytes())
+            .then_some(pid)
+    })
+}
+
+#[test]
+fn mpirun_rank_killed_mid_run_ends_the_job_and_resumes_on_another_world() {
+    use ppl::eval::ledger;
+    let work = ["--ctx", "128", "--chunks", "24", "--precision", "f32"];
+    let base = common::eval(&work);
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("mpi-run");
+    let out = tmp.path().join("r.json");
+    let mut args = eval_args(&common::wikitext(), &out, &["--run-dir"]);
+    args.push(dir.display().to_string());
+    args.retain(|a| a != "--ctx" && a != "256" && a != "--chunks" && a != "12");
+    args.extend(["--ctx", "128", "--chunks", "24"].map(String::from));
+    let mut child = mpirun()
+        .args(["-np", "2"])
+        .args(&args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let records = |d: &std::path::Path| -> usize {
+        ledger::files(d)
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|p| ledger::parse(p, &std::fs::read(p).ok()?).ok())
+            .map(|c| c.records.len())
+            .sum()
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(300);
+    while records(&dir) < 4 {
+        assert!(std::time::Instant::now() < deadline, "no progress");
+        assert!(child.try_wait().unwrap().is_none(), "the run ended early");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let marker = dir.display().to_string();
+    let pid = rank_pid(1, &marker).expect("rank 1's process");
+    let killed_at = std::time::Instant::now();
+    assert!(Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status()
+        .unwrap()
+        .success());
+    // The job ends by itself, promptly, with a failure that names the lost rank.
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(
+            std::time::Instant::now() < end,
+            "the job hung after a rank died"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let waited = killed_at.elapsed();
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    assert!(!status.success());
+    assert!(stderr.contains("rank 1"), "{stderr}");
+    assert!(waited < std::time::Duration::from_secs(60), "{waited:?}");
+    assert!(!out.exists());
+    // Every surviving ledger is readable; resume on one local rank gives the single bits.
+    for f in ledger::files(&dir).unwrap() {
+        ledger::parse(&f, &std::fs::read(&f).unwrap()).unwrap();
+    }
+    let resumed = tmp.path().join("resumed.json");
+    let st = assert_cmd::Command::cargo_bin("ppl")
+        .unwrap()
+        .args([
+            "eval",
+            "--backend",
+            "local",
+            "--progress",
+            "none",
+            "--resume",
+        ])
+        .arg(&dir)
+        .arg("--output")
+        .arg(&resumed)
+        .output()
+        .unwrap();
+    assert!(
+        st.status.success(),
+        "{}",
+        String::from_utf8_lossy(&st.stderr)
+    );
+    let r: Results = serde_json::from_slice(&std::fs::read(&resumed).unwrap()).unwrap();
+    common::assert_same_numbers(&base, &r);
+    assert!(r.run.unwrap().windows_from_ledger >= 4);
+}
