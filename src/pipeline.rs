@@ -126,11 +126,12 @@ impl EvalConfig {
     }
 }
 
-/// What rank `rank` of mesh `dims` holds of a model with `n_layers` blocks.
-pub fn partition(dims: &ParallelDims, rank: usize, n_layers: usize) -> Partition {
+/// What rank `rank` of mesh `dims` holds of the model `mc`.
+pub fn partition(dims: &ParallelDims, rank: usize, mc: &LlamaConfig) -> Partition {
     let c = dims.coords(rank);
+    let n_layers = mc.n_layers;
     Partition {
-        layers: mesh::stage_layers(n_layers, dims.pp, c.pp),
+        layers: mesh::stage_layers(n_layers, dims.pp, c.pp, head_cost_in_layers(mc)),
         embed: c.pp == 0,
         head: c.pp + 1 == dims.pp,
         tp_rank: c.tp,
@@ -138,6 +139,16 @@ pub fn partition(dims: &ParallelDims, rank: usize, n_layers: usize) -> Partition
         fsdp_rank: c.dp_shard,
         fsdp: dims.dp_shard,
     }
+}
+
+/// The output layer's cost in transformer blocks, for balancing pipeline stages: its weights
+/// over a block's, halved because `chunks` scores half the positions (attention left out).
+pub fn head_cost_in_layers(mc: &LlamaConfig) -> usize {
+    let d = mc.hidden_size as f64;
+    let q = (mc.n_heads * mc.head_dim) as f64;
+    let kv = (mc.n_kv_heads * mc.head_dim) as f64;
+    let block = 2.0 * d * q + 2.0 * d * kv + 3.0 * d * mc.intermediate_size as f64;
+    (mc.vocab_size as f64 * d / block / 2.0).round() as usize
 }
 
 /// Checks a mesh against the model before any weight is loaded.
@@ -883,7 +894,7 @@ pub fn evaluate_rank(
         }
     };
     let part = match cfg.dims(comm.size()) {
-        Ok(dims) => partition(&dims, comm.rank(), setup.mc.n_layers),
+        Ok(dims) => partition(&dims, comm.rank(), &setup.mc),
         Err(e) => {
             comm.abort(&e.to_string());
             return Err(e);
@@ -1064,7 +1075,7 @@ pub fn evaluate(cfg: &EvalConfig, opts: &RunOptions) -> Result<Results, EvalErro
     let rank_parts: Vec<Partition> = (0..n)
         .map(|r| {
             if dims.splits_model() {
-                partition(&dims, r, mc.n_layers)
+                partition(&dims, r, mc)
             } else {
                 Partition::full(mc.n_layers)
             }

@@ -238,3 +238,122 @@ fn a_run_that_cannot_fit_is_refused_before_loading() {
         .stderr(contains("panicked").not());
     assert!(!out.exists());
 }
+
+/// Replaces the first occurrence of `from` in `bytes` by `to` (same length).
+fn patch(bytes: &mut [u8], from: &[u8], to: &[u8]) {
+    assert_eq!(from.len(), to.len());
+    let pos = bytes
+        .windows(from.len())
+        .position(|w| w == from)
+        .unwrap_or_else(|| panic!("{:?} not found", String::from_utf8_lossy(from)));
+    bytes[pos..pos + to.len()].copy_from_slice(to);
+}
+
+/// GGUF string key followed by a u32 value: `len, key, type 4 (u32), value`.
+fn u32_entry(key: &str, value: u32) -> Vec<u8> {
+    let mut v = (key.len() as u64).to_le_bytes().to_vec();
+    v.extend_from_slice(key.as_bytes());
+    v.extend_from_slice(&4u32.to_le_bytes());
+    v.extend_from_slice(&value.to_le_bytes());
+    v
+}
+
+#[test]
+fn models_whose_metadata_or_tensors_do_not_fit() {
+    let dir = tempfile::tempdir().unwrap();
+    let wiki = common::wikitext();
+    let real = std::fs::read(common::model()).unwrap();
+
+    // Metadata that disagrees with the tensors: an MLP of 1024 for 1536-wide tensors.
+    let mut bytes = real.clone();
+    patch(
+        &mut bytes,
+        &u32_entry("llama.feed_forward_length", 1536),
+        &u32_entry("llama.feed_forward_length", 1024),
+    );
+    let shapes = write(dir.path(), "shapes.gguf", &bytes);
+    fails_with(
+        &[],
+        &wiki,
+        &shapes,
+        &["shapes.gguf", "blk.0.ffn_gate.weight", "1536", "1024"],
+    );
+
+    // An unknown tensor type id in a tensor's description.
+    let mut bytes = real.clone();
+    let name = b"blk.0.attn_q.weight";
+    let pos = bytes
+        .windows(name.len())
+        .position(|w| w == name)
+        .expect("tensor info");
+    // name, n_dims (u32), 2 dims (u64), then the type (u32).
+    let type_at = pos + name.len() + 4 + 16;
+    bytes[type_at..type_at + 4].copy_from_slice(&99u32.to_le_bytes());
+    let unknown = write(dir.path(), "type.gguf", &bytes);
+    fails_with(
+        &[],
+        &wiki,
+        &unknown,
+        &["type.gguf", "blk.0.attn_q.weight", "99"],
+    );
+
+    // Tokenizer metadata missing (the token list's key renamed).
+    let mut bytes = real;
+    patch(
+        &mut bytes,
+        b"tokenizer.ggml.tokens",
+        b"tokenizer.ggml.tokenz",
+    );
+    let no_vocab = write(dir.path(), "novocab.gguf", &bytes);
+    fails_with(
+        &[],
+        &wiki,
+        &no_vocab,
+        &["novocab.gguf", "tokenizer.ggml.tokens"],
+    );
+}
+
+#[test]
+fn binary_data_and_a_single_huge_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = common::model();
+    let mut png = b"\x89PNG\r\n\x1a\n".to_vec();
+    png.extend_from_slice(&[0u8; 64]);
+    let binary = write(dir.path(), "image.png", &png);
+    fails_with(
+        &[],
+        &binary,
+        &model,
+        &["image.png looks binary", "NUL byte"],
+    );
+    // A text of one 3 MB line (no newline at all) is fine: it is tokenized and scored.
+    let text = std::fs::read_to_string(common::wikitext()).unwrap();
+    let one_line: String = text
+        .chars()
+        .map(|c| if c == '\n' { ' ' } else { c })
+        .take(3_000_000)
+        .collect();
+    let huge = write(dir.path(), "one-line.txt", one_line.as_bytes());
+    let out = dir.path().join("r.json");
+    common::ppl_cmd()
+        .arg("eval")
+        .arg("--model")
+        .arg(&model)
+        .arg("--data")
+        .arg(&huge)
+        .args([
+            "--ctx",
+            "64",
+            "--chunks",
+            "2",
+            "--progress",
+            "none",
+            "--output",
+        ])
+        .arg(&out)
+        .assert()
+        .success();
+    let r = ppl::report::load(&out).unwrap();
+    assert_eq!(r.tokens, 2 * 31);
+    assert!(r.ppl.is_finite());
+}

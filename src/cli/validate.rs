@@ -218,7 +218,7 @@ fn local_checks(args: &ValidateArgs, list: &mut Checklist) {
     {
         Ok(dims) if dims.splits_model() => {
             for r in 0..dims.world() {
-                let p = crate::pipeline::partition(&dims, r, mc.n_layers);
+                let p = crate::pipeline::partition(&dims, r, &mc);
                 if !parts.contains(&p) {
                     parts.push(p);
                 }
@@ -228,7 +228,7 @@ fn local_checks(args: &ValidateArgs, list: &mut Checklist) {
                     memory::partition_weight_bytes(
                         &g,
                         cfg.precision,
-                        &crate::pipeline::partition(&dims, r, mc.n_layers),
+                        &crate::pipeline::partition(&dims, r, &mc),
                     )
                 })
                 .collect();

@@ -18,17 +18,26 @@ pub enum DataError {
     NotUtf8 { path: PathBuf, offset: usize },
     #[error("data file {path} is empty (or only whitespace); there is nothing to evaluate")]
     Empty { path: PathBuf },
+    #[error("data file {path} looks binary (a NUL byte at offset {offset}); --data takes a UTF-8 text file")]
+    Binary { path: PathBuf, offset: usize },
     #[error("{0}")]
     Windows(String),
 }
 
 /// Reads a UTF-8 text file. Invalid UTF-8 is an error (never silently replaced), so that the
-/// scored tokens are exactly the file's text.
+/// scored tokens are exactly the file's text; so is a NUL byte (a binary file).
 pub fn read_text(path: &Path) -> Result<String, DataError> {
     let bytes = std::fs::read(path).map_err(|source| DataError::Read {
         path: path.to_path_buf(),
         source,
     })?;
+    // NUL never occurs in text: a binary file is named as such, not as bad UTF-8.
+    if let Some(offset) = bytes.iter().position(|&b| b == 0) {
+        return Err(DataError::Binary {
+            path: path.to_path_buf(),
+            offset,
+        });
+    }
     let text = String::from_utf8(bytes).map_err(|e| DataError::NotUtf8 {
         path: path.to_path_buf(),
         offset: e.utf8_error().valid_up_to(),

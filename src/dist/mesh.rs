@@ -273,13 +273,29 @@ pub struct Coords {
     pub tp: usize,
 }
 
-/// Layers of each pipeline stage: contiguous, earlier stages take the remainder.
-pub fn stage_layers(n_layers: usize, pp: usize, stage: usize) -> std::ops::Range<usize> {
-    let base = n_layers / pp;
-    let extra = n_layers % pp;
+/// Layers of each pipeline stage: contiguous, balanced by cost. The last stage also runs the
+/// output layer, which costs about `head_layers` blocks, so it gets that many fewer (at least
+/// one); the other stages share the rest evenly, earlier stages taking the remainder.
+pub fn stage_layers(
+    n_layers: usize,
+    pp: usize,
+    stage: usize,
+    head_layers: usize,
+) -> std::ops::Range<usize> {
+    if pp <= 1 {
+        return 0..n_layers;
+    }
+    let units = n_layers + head_layers;
+    let last = (units / pp)
+        .saturating_sub(head_layers)
+        .clamp(1, n_layers.saturating_sub(pp - 1).max(1));
+    if stage + 1 == pp {
+        return n_layers - last..n_layers;
+    }
+    let rest = n_layers - last;
+    let (base, extra) = (rest / (pp - 1), rest % (pp - 1));
     let start = stage * base + stage.min(extra);
-    let len = base + usize::from(stage < extra);
-    start..start + len
+    start..start + base + usize::from(stage < extra)
 }
 
 #[cfg(test)]
@@ -355,9 +371,21 @@ mod tests {
     }
 
     #[test]
-    fn layers_split_evenly_with_the_remainder_first() {
-        let parts: Vec<_> = (0..4).map(|s| stage_layers(30, 4, s)).collect();
-        assert_eq!(parts, vec![0..8, 8..16, 16..23, 23..30]);
-        assert_eq!(stage_layers(30, 1, 0), 0..30);
+    fn layers_split_by_cost_with_the_output_layer_on_the_last_stage() {
+        let parts = |pp: usize, head: usize| -> Vec<_> {
+            (0..pp).map(|s| stage_layers(30, pp, s, head)).collect()
+        };
+        assert_eq!(parts(4, 0), vec![0..8, 8..16, 16..23, 23..30]);
+        assert_eq!(parts(2, 0), vec![0..15, 15..30]);
+        // SmolLM2: the output layer costs about 4 blocks.
+        assert_eq!(parts(2, 4), vec![0..17, 17..30]);
+        assert_eq!(parts(4, 4), vec![0..9, 9..18, 18..26, 26..30]);
+        // Every stage keeps at least one layer, however heavy the head.
+        assert_eq!(parts(3, 100), vec![0..15, 15..29, 29..30]);
+        assert_eq!(stage_layers(30, 1, 0, 4), 0..30);
+        for pp in 1..=30 {
+            let all: Vec<usize> = (0..pp).flat_map(|s| stage_layers(30, pp, s, 4)).collect();
+            assert_eq!(all, (0..30).collect::<Vec<_>>(), "pp {pp}");
+        }
     }
 }

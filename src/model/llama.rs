@@ -630,19 +630,21 @@ impl Llama {
             .sum();
         let embedding = self.embedding.as_ref().map_or(0, |e| e.bytes());
         let output = self.output.as_ref().map_or(0, |o| o.bytes());
-        let tied_native_shared = self.precision == Precision::Native
-            && self.config.tied_embeddings
+        // A tied embedding used as the output layer shares its storage (the quantized table
+        // in native precision, the dequantized tensor in f32): counted once.
+        let shared = self.config.tied_embeddings
             && self.embedding.is_some()
             && self.output.is_some()
-            && matches!(
-                self.embedding.as_ref().map(|e| &e.table),
-                Some(EmbeddingTable::Quantized(_))
-            );
+            && (self.precision == Precision::F32
+                || matches!(
+                    self.embedding.as_ref().map(|e| &e.table),
+                    Some(EmbeddingTable::Quantized(_))
+                ));
         let norm = self
             .norm
             .as_ref()
             .map_or(0, |n| n.weight.elem_count() as u64 * 4);
-        layers + embedding + norm + if tied_native_shared { 0 } else { output }
+        layers + embedding + norm + if shared { 0 } else { output }
     }
 
     /// The vocabulary rows of the output layer this rank computes.
