@@ -30,7 +30,7 @@ use crate::dist::{local, CommError, Communicator};
 use crate::eval::{ledger, stats, NllAccumulator};
 use crate::fingerprint;
 use crate::model::{
-    gguf, memory, shard, GgufFile, Llama, LlamaConfig, ModelError, Partition, Precision,
+    gguf, memory, shard, GgufFile, Llama, LlamaConfig, ModelError, Partition, Precision, Quantize,
 };
 use crate::report::progress::{Progress, ProgressMode};
 use crate::report::{
@@ -65,6 +65,8 @@ pub struct EvalConfig {
     pub parallel: RequestedDims,
     /// Type of activations on the wire between model-parallel ranks.
     pub comm_dtype: CommDtype,
+    /// Weights quantized at load (`--quantize`).
+    pub quantize: Option<Quantize>,
     /// Run directory for the ledger (`--run-dir`, `--resume`); rank 0 picks a fresh one under
     /// `runs/` when absent.
     pub run_dir: Option<PathBuf>,
@@ -87,6 +89,7 @@ impl EvalConfig {
             "bootstrap_samples": self.bootstrap_samples,
             "parallel": self.parallel,
             "comm_dtype": self.comm_dtype,
+            "quantize": self.quantize,
         })
         .to_string()
     }
@@ -106,6 +109,7 @@ impl EvalConfig {
             "precision": self.precision,
             "tp": dims.tp,
             "comm_dtype": if lossy { self.comm_dtype } else { CommDtype::F32 },
+            "quantize": self.quantize,
         })
         .to_string()
     }
@@ -152,14 +156,19 @@ pub fn head_cost_in_layers(mc: &LlamaConfig) -> usize {
 }
 
 /// Checks a mesh against the model before any weight is loaded.
-pub fn check_mesh(dims: &ParallelDims, g: &GgufFile, mc: &LlamaConfig) -> Result<(), EvalError> {
+pub fn check_mesh(
+    dims: &ParallelDims,
+    g: &GgufFile,
+    mc: &LlamaConfig,
+    quantize: Option<&Quantize>,
+) -> Result<(), EvalError> {
     if dims.pp > mc.n_layers {
         return Err(EvalError::Config(format!(
             "--pp {} exceeds the model's {} layers: every pipeline stage needs at least one layer; use --pp {} or less",
             dims.pp, mc.n_layers, mc.n_layers
         )));
     }
-    shard::check_tensor_parallel(g, mc, dims.tp)?;
+    shard::check_tensor_parallel(g, mc, dims.tp, quantize)?;
     Ok(())
 }
 
@@ -390,7 +399,7 @@ pub fn setup_rank(
     let gguf = GgufFile::open(&cfg.model)?;
     let mc = LlamaConfig::from_gguf(&gguf)?;
     check_config(cfg, &mc)?;
-    check_mesh(&cfg.dims(comm.size())?, &gguf, &mc)?;
+    check_mesh(&cfg.dims(comm.size())?, &gguf, &mc, cfg.quantize.as_ref())?;
     let tok = Tokenizer::from_gguf(&gguf)?;
     if tok.vocab_size != mc.vocab_size {
         return Err(EvalError::Model(ModelError::Invalid {
@@ -914,7 +923,7 @@ pub fn evaluate_rank(
         }
     };
     let t_load = Instant::now();
-    let model = match Llama::from_gguf_part(&setup.gguf, cfg.precision, &part) {
+    let model = match Llama::load(&setup.gguf, cfg.precision, &part, cfg.quantize) {
         Ok(m) => m,
         Err(e) => {
             comm.abort(&e.to_string());
@@ -1092,7 +1101,7 @@ pub fn evaluate(cfg: &EvalConfig, opts: &RunOptions) -> Result<Results, EvalErro
     let t_load = Instant::now();
     let models = parts
         .iter()
-        .map(|p| Llama::from_gguf_part(&setups[0].gguf, cfg.precision, p))
+        .map(|p| Llama::load(&setups[0].gguf, cfg.precision, p, cfg.quantize))
         .collect::<Result<Vec<_>, _>>()?;
     let model_of = |rank: usize| {
         let i = parts

@@ -120,9 +120,10 @@ fn not_yet_supported_configs_are_refused_with_the_reason() {
     ppl(dir.path())
         .args(["eval", "--config"])
         .arg(config("quantized.yaml"))
+        .args(["--set", "evaluation.precision=bf16"])
         .assert()
         .failure()
-        .stderr(contains("evaluation.quantizer.type = int4_weight_only"))
+        .stderr(contains("evaluation.precision = bf16"))
         .stderr(contains("not supported yet"));
 }
 

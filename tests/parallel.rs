@@ -66,6 +66,21 @@ fn pipeline_stages_give_the_single_process_bits() {
     let activations = 8 * 128 * 576 * 4;
     assert!(mesh.ranks[0].bytes_sent >= activations);
     assert!(mesh.ranks[0].bytes_sent < activations + 8 * 200);
+    // The HTML report shows the mesh, rank by rank.
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("pp.json");
+    std::fs::write(&json, serde_json::to_vec(&pp).unwrap()).unwrap();
+    let html = dir.path().join("pp.html");
+    ppl_cmd()
+        .arg("report")
+        .arg(&json)
+        .arg("--output")
+        .arg(&html)
+        .assert()
+        .success();
+    let html = std::fs::read_to_string(&html).unwrap();
+    assert!(html.contains("Model-parallel mesh"), "no mesh section");
+    assert!(html.contains("0–17 + embedding") && html.contains("17–30 + output"));
     // Four pipeline stages on a 30-layer model: 9, 9, 8 and 4 layers; still the same bits.
     let pp4 = eval(&with(&["--ranks", "4", "--pp", "4"]));
     common::assert_same_numbers(&base, &pp4);

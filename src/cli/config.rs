@@ -143,7 +143,20 @@ const SCHEMA: &[(&str, Kind)] = &[
     ),
     (
         "evaluation.quantizer.type",
-        Kind::Choice(&["none", "int4_weight_only", "int8_weight_only"]),
+        Kind::Choice(&[
+            "none",
+            "int4_weight_only",
+            "int8_weight_only",
+            "q4_0",
+            "q4_1",
+            "q8_0",
+            "q4_k",
+            "q6_k",
+        ]),
+    ),
+    (
+        "evaluation.quantizer.skip",
+        Kind::Choice(&["none", "embeddings", "output", "embeddings,output"]),
     ),
     (
         "evaluation.quantizer.groupsize",

@@ -19,7 +19,7 @@ use crate::data::Method;
 use crate::dist::codec::CommDtype;
 use crate::dist::mesh::{ParallelDims, RequestedDims};
 use crate::dist::schedule::Schedule;
-use crate::model::{fetch, GgufFile, Precision};
+use crate::model::{fetch, GgufFile, Precision, Quantize, Scheme};
 use crate::pipeline::{self, EvalConfig, RunOptions};
 use crate::report::compare::NamedRun;
 use crate::report::progress::ProgressMode;
@@ -142,6 +142,17 @@ pub struct EvalArgs {
     /// Context-parallel degree (not supported yet: 1 only).
     #[arg(long, value_name = "N")]
     cp: Option<i64>,
+    /// Quantize the weights at load: int4 (asymmetric groups, torchao-style), int8 (per
+    /// channel), or a GGUF type (q4_0, q4_1, q8_0, q4_k, q6_k) [default: none].
+    #[arg(long, value_enum, value_name = "TYPE")]
+    quantize: Option<Scheme>,
+    /// Values per int4 group along a row [default: 128].
+    #[arg(long, value_name = "N")]
+    group_size: Option<usize>,
+    /// Weights --quantize leaves alone: embeddings, output, embeddings,output or none
+    /// [default: embeddings].
+    #[arg(long, value_name = "LIST")]
+    quantize_skip: Option<String>,
     /// Activations between model-parallel ranks: f32 (exact) or compressed [default: f32].
     #[arg(long, value_enum)]
     comm_dtype: Option<CommDtype>,
@@ -270,9 +281,45 @@ impl EvalArgs {
     pub fn resolve(&self) -> anyhow::Result<Resolved> {
         let c = self.load_config()?;
         let uint = |k: &str| c.int(k).filter(|&i| i >= 0).map(|i| i as usize);
-        if let Some(q) = c.str("evaluation.quantizer.type").filter(|q| *q != "none") {
-            bail!("evaluation.quantizer.type = {q}: quantization at load is not supported yet; use a quantized GGUF, or set type: none");
+        let scheme = match (self.quantize, c.str("evaluation.quantizer.type")) {
+            (Some(s), _) => Some(s),
+            (None, None | Some("none")) => None,
+            (None, Some("int4_weight_only")) => Some(Scheme::Int4),
+            (None, Some("int8_weight_only")) => Some(Scheme::Int8),
+            (None, Some(t)) => {
+                Some(<Scheme as clap::ValueEnum>::from_str(t, true).map_err(|_| {
+                    anyhow::anyhow!("evaluation.quantizer.type = {t}: not a quantization type")
+                })?)
+            }
+        };
+        let skip = self
+            .quantize_skip
+            .clone()
+            .or_else(|| c.str("evaluation.quantizer.skip").map(str::to_string))
+            .unwrap_or_else(|| "embeddings".into());
+        let mut skip_embeddings = false;
+        let mut skip_output = false;
+        for part in skip.split(',').map(str::trim) {
+            match part {
+                "none" | "" => {}
+                "embeddings" => skip_embeddings = true,
+                "output" => skip_output = true,
+                other => bail!("--quantize-skip {other}: use embeddings, output, both (embeddings,output) or none"),
+            }
         }
+        let group_size = self
+            .group_size
+            .or(uint("evaluation.quantizer.groupsize"))
+            .unwrap_or(128);
+        if group_size == 0 {
+            bail!("--group-size must be at least 1");
+        }
+        let quantize = scheme.map(|scheme| Quantize {
+            scheme,
+            group_size,
+            embeddings: !skip_embeddings,
+            output: !skip_output,
+        });
         if let Some(f) = c.str("model.format").filter(|f| *f != "gguf") {
             bail!("model.format = {f}: only GGUF models are supported so far");
         }
@@ -400,6 +447,7 @@ impl EvalArgs {
                 schedule,
                 parallel,
                 comm_dtype,
+                quantize,
                 run_dir: self.resume.clone().or_else(|| self.run_dir.clone()),
                 resume: self.resume.is_some(),
             },

@@ -214,7 +214,7 @@ fn local_checks(args: &ValidateArgs, list: &mut Checklist) {
     let mut parts: Vec<crate::model::Partition> = Vec::new();
     match cfg
         .dims(cfg.ranks)
-        .and_then(|d| crate::pipeline::check_mesh(&d, &g, &mc).map(|_| d))
+        .and_then(|d| crate::pipeline::check_mesh(&d, &g, &mc, cfg.quantize.as_ref()).map(|_| d))
     {
         Ok(dims) if dims.splits_model() => {
             for r in 0..dims.world() {

@@ -15,6 +15,7 @@ use candle_core::{DType, Device, Module, Tensor};
 
 use super::gguf::GgufFile;
 use super::kernels::q4_1::Q4_1Matrix;
+use super::quantize::{self, Quantize, Quantized};
 use super::shard::{self, LayerShard, Partition, RawTensor, TensorSpec};
 use super::{ModelError, Precision};
 
@@ -150,6 +151,35 @@ impl Linear {
             return Ok(Linear::Q4_1(m));
         }
         Self::from_qtensor(Arc::new(qtensor(raw, name)?), precision)
+    }
+
+    /// A weight quantized at load (`--quantize`): int4/int8 become their dequantized f32
+    /// values (a weight-only kernel's exact operands), GGUF types are used as such (our Q4_1
+    /// kernel for Q4_1 in native precision).
+    fn quantized(
+        raw: &RawTensor<'_>,
+        name: &str,
+        precision: Precision,
+        q: &Quantize,
+    ) -> Result<Self> {
+        let w = qtensor(raw, name)?.dequantize(&Device::Cpu)?;
+        let err = |e: candle_core::Error| ModelError::Invalid {
+            path: Default::default(),
+            detail: format!("cannot quantize '{name}' to {}: {e}", q.scheme),
+        };
+        match quantize::quantize(q, &w).map_err(err)? {
+            Quantized::Dense(t) => Ok(Linear::Candle(QMatMul::Tensor(t))),
+            Quantized::Ggml(qt) => {
+                if precision == Precision::Native && qt.dtype() == GgmlDType::Q4_1 {
+                    let (n, k) = w.dims2()?;
+                    let bytes = qt.data()?;
+                    if let Some(m) = Q4_1Matrix::from_bytes(&bytes, n, k) {
+                        return Ok(Linear::Q4_1(m));
+                    }
+                }
+                Self::from_qtensor(Arc::new(qt), precision)
+            }
+        }
     }
 
     fn from_qtensor(q: Arc<QTensor>, precision: Precision) -> Result<Self> {
@@ -387,9 +417,13 @@ impl Block {
         part: &Partition,
         tensors: &[RawTensor<'_>],
         precision: Precision,
+        quant: Option<&Quantize>,
     ) -> Result<Self> {
         let specs = shard::block_specs(c, i, part);
-        let lin = |k: usize| Linear::from_raw(&tensors[k], &specs[k].name, precision);
+        let lin = |k: usize| match quant {
+            Some(q) => Linear::quantized(&tensors[k], &specs[k].name, precision, q),
+            None => Linear::from_raw(&tensors[k], &specs[k].name, precision),
+        };
         let norm = |k: usize| RmsNorm::from_raw(&tensors[k], &specs[k].name, c.rms_norm_eps);
         Ok(Self {
             attn_norm: norm(0)?,
@@ -491,6 +525,7 @@ pub struct Llama {
     /// Vocabulary rows of the output layer held here.
     output_vocab: Range<usize>,
     rope: Rope,
+    quantize: Option<Quantize>,
 }
 
 impl Llama {
@@ -503,8 +538,18 @@ impl Llama {
 
     /// Builds the part of the model that `part` names: only its tensors are read.
     pub fn from_gguf_part(g: &GgufFile, precision: Precision, part: &Partition) -> Result<Self> {
+        Self::load(g, precision, part, None)
+    }
+
+    /// [`Self::from_gguf_part`], quantizing the weights at load when `quantize` is given.
+    pub fn load(
+        g: &GgufFile,
+        precision: Precision,
+        part: &Partition,
+        quantize: Option<Quantize>,
+    ) -> Result<Self> {
         let config = LlamaConfig::from_gguf(g)?;
-        shard::check_tensor_parallel(g, &config, part.tp)?;
+        shard::check_tensor_parallel(g, &config, part.tp, quantize.as_ref())?;
         let (v, d) = (config.vocab_size, config.hidden_size);
         let vocab = part.tp_range(v);
         let embd_spec = TensorSpec {
@@ -522,29 +567,54 @@ impl Llama {
         };
         let full_vocab = v;
         let (mut embedding, mut output) = (None, None);
+        let quant_embd = quantize.filter(|q| q.embeddings);
+        let quant_out = quantize.filter(|q| q.output);
         if let Some(embd) = &embd {
-            match precision {
-                Precision::F32 => {
-                    let dense = embd.dequantize(&Device::Cpu)?;
-                    if part.head && config.tied_embeddings {
-                        output = Some(Linear::Candle(QMatMul::Tensor(dense.clone())));
-                    }
-                    if part.embed {
-                        embedding = Some(EmbeddingTable::Dense(dense));
-                    }
+            // Quantized at load (`--quantize` with embeddings/output): from the f32 values.
+            let requantized = |q: &Quantize| -> Result<EmbeddingTable> {
+                let w = embd.dequantize(&Device::Cpu)?;
+                match quantize::quantize(q, &w).map_err(|e| ModelError::Invalid {
+                    path: Default::default(),
+                    detail: format!("cannot quantize 'token_embd.weight' to {}: {e}", q.scheme),
+                })? {
+                    Quantized::Dense(t) => Ok(EmbeddingTable::Dense(t)),
+                    Quantized::Ggml(qt) => Ok(EmbeddingTable::Quantized(Arc::new(qt))),
                 }
-                Precision::Native => {
-                    if part.head && config.tied_embeddings {
-                        output = Some(Linear::from_qtensor(embd.clone(), precision)?);
+            };
+            if part.head && config.tied_embeddings {
+                output = Some(match (quant_out, precision) {
+                    (Some(q), _) => {
+                        let raw = shard::read(g, &embd_spec)?;
+                        Linear::quantized(&raw, "token_embd.weight", precision, &q)?
                     }
-                    if part.embed {
-                        embedding = Some(if embd.dtype().block_size() == 1 {
+                    (None, Precision::F32) => {
+                        Linear::Candle(QMatMul::Tensor(embd.dequantize(&Device::Cpu)?))
+                    }
+                    (None, Precision::Native) => Linear::from_qtensor(embd.clone(), precision)?,
+                });
+            }
+            if part.embed {
+                embedding = Some(match (quant_embd, precision) {
+                    (Some(q), _) => requantized(&q)?,
+                    (None, Precision::F32) => {
+                        // Shares the output layer's dense copy when tied and both are here.
+                        match &output {
+                            Some(Linear::Candle(QMatMul::Tensor(t)))
+                                if config.tied_embeddings && quant_out.is_none() =>
+                            {
+                                EmbeddingTable::Dense(t.clone())
+                            }
+                            _ => EmbeddingTable::Dense(embd.dequantize(&Device::Cpu)?),
+                        }
+                    }
+                    (None, Precision::Native) => {
+                        if embd.dtype().block_size() == 1 {
                             EmbeddingTable::Dense(embd.dequantize(&Device::Cpu)?)
                         } else {
                             EmbeddingTable::Quantized(embd.clone())
-                        });
+                        }
                     }
-                }
+                });
             }
         }
         drop(embd);
@@ -554,7 +624,10 @@ impl Llama {
                 ..TensorSpec::whole("output.weight".into(), &[v, d])
             };
             let raw = shard::read(g, &spec)?;
-            output = Some(Linear::from_raw(&raw, "output.weight", precision)?);
+            output = Some(match quant_out {
+                Some(q) => Linear::quantized(&raw, "output.weight", precision, &q)?,
+                None => Linear::from_raw(&raw, "output.weight", precision)?,
+            });
             release(g, &raw, "output.weight");
         }
         let layers = part
@@ -570,7 +643,12 @@ impl Llama {
                     Layer::Sharded(LayerShard::new(&raws, part.fsdp_rank, part.fsdp))
                 } else {
                     Layer::Resident(Box::new(Block::from_raw(
-                        &config, i, part, &raws, precision,
+                        &config,
+                        i,
+                        part,
+                        &raws,
+                        precision,
+                        quantize.as_ref(),
                     )?))
                 };
                 for (s, raw) in specs.iter().zip(&raws) {
@@ -611,6 +689,7 @@ impl Llama {
             layers,
             norm,
             output,
+            quantize,
         })
     }
 
@@ -633,6 +712,7 @@ impl Llama {
         // A tied embedding used as the output layer shares its storage (the quantized table
         // in native precision, the dequantized tensor in f32): counted once.
         let shared = self.config.tied_embeddings
+            && self.quantize.is_none_or(|q| !q.output && !q.embeddings)
             && self.embedding.is_some()
             && self.output.is_some()
             && (self.precision == Precision::F32
@@ -688,6 +768,7 @@ impl Llama {
                         &self.partition,
                         &tensors,
                         self.precision,
+                        self.quantize.as_ref(),
                     )?;
                     &gathered
                 }

@@ -11,10 +11,12 @@ pub mod gguf;
 pub mod kernels;
 pub mod llama;
 pub mod memory;
+pub mod quantize;
 pub mod shard;
 
 pub use gguf::{GgufError, GgufFile};
 pub use llama::{Collectives, Llama, LlamaConfig};
+pub use quantize::{Quantize, Scheme};
 pub use shard::Partition;
 
 /// How weights are computed with.

@@ -157,7 +157,12 @@ pub fn read<'g>(g: &'g GgufFile, spec: &TensorSpec) -> Result<RawTensor<'g>> {
 /// Checks that tensor parallelism of degree `tp` can cut this model: whole heads and KV heads
 /// per rank, an even split of the hidden and MLP sizes, and no quantization block cut by a
 /// row-parallel (column-cut) projection. The error names the rule and the fix.
-pub fn check_tensor_parallel(g: &GgufFile, c: &LlamaConfig, tp: usize) -> Result<()> {
+pub fn check_tensor_parallel(
+    g: &GgufFile,
+    c: &LlamaConfig,
+    tp: usize,
+    quantize: Option<&super::Quantize>,
+) -> Result<()> {
     if tp <= 1 {
         return Ok(());
     }
@@ -199,6 +204,16 @@ pub fn check_tensor_parallel(g: &GgufFile, c: &LlamaConfig, tp: usize) -> Result
             let name = format!("blk.{i}.{name}.weight");
             let info = g.tensor_info(&name, "the model's architecture requires it")?;
             let bs = info.dtype.block_size();
+            if let Some(q) = quantize {
+                let block = q.scheme.block(q.group_size);
+                if !(width / tp).is_multiple_of(block) {
+                    return Err(invalid(format!(
+                        "--tp {tp} would cut the {} groups of {block} values of '{name}' quantized at load: each rank's {} input columns are not a multiple of {block}; use a smaller --tp or --group-size",
+                        q.scheme,
+                        width / tp
+                    )));
+                }
+            }
             if !(width / tp).is_multiple_of(bs) {
                 return Err(invalid(format!(
                     "--tp {tp} would cut the quantization blocks of '{name}' ({:?}, {bs} values per block): each rank's {} input columns are not a multiple of {bs}; use a smaller --tp, or a model quantized with smaller blocks",

@@ -213,6 +213,63 @@ fn single(out: &mut String, r: &Results) {
     util.push_str("</table>");
     section(out, "utilization", "Per-rank utilization", &util);
 
+    if let Some(mesh) = &r.mesh {
+        let labels: Vec<String> = mesh
+            .ranks
+            .iter()
+            .map(|m| format!("rank {}", m.rank))
+            .collect();
+        let values: Vec<Vec<f64>> = mesh
+            .ranks
+            .iter()
+            .map(|m| vec![m.compute_s, m.comm_s])
+            .collect();
+        let mut body = stacked_bars(
+            "Time per rank of the mesh",
+            "seconds",
+            &labels,
+            &["compute", "communication (waiting included)"],
+            &values,
+        );
+        let _ = write!(
+            body,
+            "<p>dp_replicate {} × dp_shard {} × tp {} × pp {}, activations as {}</p><pre>{}</pre>",
+            mesh.dims.dp_replicate,
+            mesh.dims.dp_shard,
+            mesh.dims.tp,
+            mesh.dims.pp,
+            mesh.comm_dtype,
+            escape(&mesh.layout)
+        );
+        body.push_str("<table><tr><th>rank</th><th>host</th><th>pp, dp, shard, tp</th><th>layers</th><th>weights MiB</th><th>peak RSS MiB</th><th>sent MiB</th><th>received MiB</th><th>compute s</th><th>comm s</th></tr>");
+        let mib = |b: u64| format!("{:.1}", b as f64 / 1048576.0);
+        for m in &mesh.ranks {
+            let c = m.coords;
+            let _ = write!(
+                body,
+                "<tr><td>{}</td><td>{}</td><td>{}, {}, {}, {}</td><td>{}–{}{}{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td>{}{}</tr>",
+                m.rank,
+                escape(&m.host),
+                c.pp,
+                c.dp_replicate,
+                c.dp_shard,
+                c.tp,
+                m.layers[0],
+                m.layers[1],
+                if m.embedding { " + embedding" } else { "" },
+                if m.output { " + output" } else { "" },
+                mib(m.weights_bytes),
+                m.peak_rss_bytes.map_or("–".into(), mib),
+                mib(m.bytes_sent),
+                mib(m.bytes_received),
+                num(m.compute_s, 3),
+                num(m.comm_s, 3),
+            );
+        }
+        body.push_str("</table>");
+        section(out, "mesh", "Model-parallel mesh", &body);
+    }
+
     // Per document for `rolling` (a document's windows form one group), else per window.
     let mut groups: BTreeMap<usize, (f64, u64)> = BTreeMap::new();
     for w in r.windows.iter().filter(|w| w.tokens > 0) {
