@@ -16,6 +16,7 @@
 //! bit-identical for any batch size, thread count or completion order.
 
 pub mod cli;
+pub mod compare;
 pub mod data;
 pub mod dist;
 pub mod eval;

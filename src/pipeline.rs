@@ -220,8 +220,8 @@ impl From<RunError> for EvalError {
 }
 
 /// What the text became before any weight is loaded.
-struct Prepared {
-    plan: WindowPlan,
+pub(crate) struct Prepared {
+    pub(crate) plan: WindowPlan,
     documents: Option<(u64, u64, u64)>,
 }
 
@@ -329,13 +329,13 @@ fn check_config(cfg: &EvalConfig, mc: &LlamaConfig) -> Result<(), EvalError> {
 
 /// Everything a rank knows before the weights are loaded.
 pub struct RankSetup {
-    gguf: GgufFile,
-    mc: LlamaConfig,
-    tok: Tokenizer,
+    pub(crate) gguf: GgufFile,
+    pub(crate) mc: LlamaConfig,
+    pub(crate) tok: Tokenizer,
     data_path: PathBuf,
-    text_sha256: String,
+    pub(crate) text_sha256: String,
     text_len: u64,
-    prepared: Prepared,
+    pub(crate) prepared: Prepared,
     tokenize_s: f64,
     seed: u64,
     run_dir: PathBuf,

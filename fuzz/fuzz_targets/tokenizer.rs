@@ -1,6 +1,8 @@
 //! Both tokenizers (SmolLM2's byte-level BPE, Gemma 3's SentencePiece) on arbitrary text:
 //! encoding never panics, every id is in the vocabulary, and decoding BPE ids gives the text
-//! back. Models from the cache (`ppl fetch-model smollm2` / `gemma3`).
+//! back, less the characters the vocabulary cannot spell (SmolLM2 has no token for byte 0x1D:
+//! like llama.cpp, the BPE drops a byte without a token). Models from the cache
+//! (`ppl fetch-model smollm2` / `gemma3`).
 #![no_main]
 
 use std::sync::OnceLock;
@@ -32,8 +34,13 @@ fuzz_target!(|data: &[u8]| {
         if let Ok(ids) = tok.encode_plain(&text) {
             assert!(ids.iter().all(|&id| (id as usize) < tok.vocab_size));
             if i == 0 {
-                // Byte-level BPE is lossless.
-                assert_eq!(tok.decode(&ids), text);
+                // Byte-level BPE is lossless for every character the vocabulary can spell.
+                let spellable = |c: char| {
+                    let s = c.to_string();
+                    tok.encode_plain(&s).is_ok_and(|ids| tok.decode(&ids) == s)
+                };
+                let expected: String = text.chars().filter(|&c| spellable(c)).collect();
+                assert_eq!(tok.decode(&ids), expected);
             }
         }
         let _ = tok.encode(&text);

@@ -44,6 +44,8 @@ pub struct Cli {
 enum Command {
     /// Evaluate the perplexity of a GGUF model on a text file.
     Eval(EvalArgs),
+    /// Compare a model with a base on the same tokens: KL divergence, ΔPPL, same top token.
+    Compare(CompareArgs),
     /// Print the token ids of a text, as llama.cpp would produce them.
     Tokenize(TokenizeArgs),
     /// Download a test model (default: SmolLM2-135M-Instruct Q4_1) and print its path.
@@ -532,6 +534,19 @@ impl Resolved {
 }
 
 #[derive(Debug, Args)]
+struct CompareArgs {
+    /// The base model (GGUF) the model is compared with.
+    #[arg(long, value_name = "BASE.gguf")]
+    base: PathBuf,
+    /// How the base's weights are used [default: f32: the exact values as stored].
+    #[arg(long, value_enum, default_value_t = Precision::F32)]
+    base_precision: Precision,
+    /// The model (--model, with --precision and --quantize) and the evaluation options.
+    #[command(flatten)]
+    eval: EvalArgs,
+}
+
+#[derive(Debug, Args)]
 struct TokenizeArgs {
     /// GGUF model file whose tokenizer to use.
     #[arg(short, long)]
@@ -665,6 +680,24 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     bail!("--expect: {}", verdict.message);
                 }
                 eprintln!("--expect: {}", verdict.message);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Compare(args) => {
+            let resolved = args.eval.resolve()?;
+            if resolved.eval.ranks > 1 || resolved.eval.parallel.any() {
+                bail!("ppl compare runs in one process for now; drop --ranks and the parallel degrees");
+            }
+            configure_threads(resolved.eval.threads);
+            let r = crate::compare::compare(&resolved.eval, &args.base, args.base_precision)?;
+            if let Some(out) = &resolved.output {
+                let tmp = out.with_extension("json.tmp");
+                std::fs::write(&tmp, serde_json::to_vec_pretty(&r)?)
+                    .and_then(|_| std::fs::rename(&tmp, out))
+                    .with_context(|| format!("cannot write {} (--output)", out.display()))?;
+            }
+            if !args.eval.quiet {
+                print!("{}", crate::compare::render_text(&r));
             }
             Ok(ExitCode::SUCCESS)
         }

@@ -296,11 +296,28 @@ fn local_checks(args: &ValidateArgs, list: &mut Checklist) {
             ),
         ),
     }
-    list.add(
-        Status::Pass,
-        "quantizer",
-        "none requested (weights used as stored)",
-    );
+    match cfg.quantize {
+        None => list.add(
+            Status::Pass,
+            "quantizer",
+            "none requested (weights used as stored)",
+        ),
+        Some(q) => list.add(
+            Status::Pass,
+            "quantizer",
+            format!(
+                "{}{} at load: block linears{}{}",
+                q.scheme,
+                if q.scheme == crate::model::Scheme::Int4 {
+                    format!(" (groups of {})", q.group_size)
+                } else {
+                    String::new()
+                },
+                if q.output { ", output layer" } else { "" },
+                if q.embeddings { ", embeddings" } else { "" },
+            ),
+        ),
+    }
 }
 
 /// Milliseconds, with sensible precision.
