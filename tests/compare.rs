@@ -23,7 +23,7 @@ fn compare(extra: &[&str]) -> serde_json::Value {
             "--ctx",
             "128",
             "--chunks",
-            "6",
+            "4",
             "--precision",
             "f32",
             "--quiet",
@@ -44,8 +44,8 @@ fn a_model_against_itself_is_identical() {
     assert_eq!(c["same_top"], 100.0);
     assert_eq!(c["delta_ppl"], 0.0);
     assert_eq!(c["ppl_base"], c["ppl_model"]);
-    assert_eq!(c["tokens"], 6 * 63);
-    assert_eq!(c["windows"].as_array().unwrap().len(), 6);
+    assert_eq!(c["tokens"], 4 * 63);
+    assert_eq!(c["windows"].as_array().unwrap().len(), 4);
 }
 
 #[test]
@@ -56,12 +56,12 @@ fn a_quantized_model_against_its_base() {
     assert!(c["kld_percentiles"]["min"].as_f64().unwrap() >= 0.0);
     assert!(f("same_top") < 100.0 && f("same_top") > 50.0);
     // Each side's PPL is what `ppl eval` reports for it (float sums vs fixed point: 1e-9).
-    let base = eval(&["--ctx", "128", "--chunks", "6", "--precision", "f32"]);
+    let base = eval(&["--ctx", "128", "--chunks", "4", "--precision", "f32"]);
     let quant = eval(&[
         "--ctx",
         "128",
         "--chunks",
-        "6",
+        "4",
         "--precision",
         "f32",
         "--quantize",

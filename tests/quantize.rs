@@ -8,7 +8,7 @@ use common::{eval, ppl_cmd};
 use predicates::prelude::PredicateBooleanExt;
 use predicates::str::contains;
 
-const WORKLOAD: [&str; 6] = ["--ctx", "128", "--chunks", "8", "--precision", "f32"];
+const WORKLOAD: [&str; 6] = ["--ctx", "128", "--chunks", "4", "--precision", "f32"];
 
 fn with(extra: &[&str]) -> Vec<&'static str> {
     let mut v: Vec<&'static str> = WORKLOAD.to_vec();
