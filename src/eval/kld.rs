@@ -270,7 +270,7 @@ mod tests {
                 let q: Vec<f32> = r
                     .iter()
                     .zip(row(i as u64 + 7, 64))
-                    .map(|(a, e)| a + e * 0.05)
+                    .map(|(a, e)| a + e * 0.01)
                     .collect();
                 compare_row(r, &q, 3)
             })
