@@ -71,6 +71,12 @@ pub fn compare(
         run_dir: Some(std::env::temp_dir()),
         ..cfg.clone()
     };
+    if !base.is_file() {
+        return Err(EvalError::Config(format!(
+            "cannot open the base model {} (--base): no such file; give the GGUF the model is compared with",
+            base.display()
+        )));
+    }
     let setup = setup_rank(&comms[0], &cfg, &cfg.data)?;
     let base_gguf = GgufFile::open(base)?;
     let base_tok = Tokenizer::from_gguf(&base_gguf)?;

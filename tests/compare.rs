@@ -100,3 +100,16 @@ fn models_with_different_tokenizers_are_refused() {
         .stderr(contains("different tokenizers"))
         .stderr(contains("panicked").not());
 }
+
+#[test]
+fn a_missing_base_is_named_as_such() {
+    ppl_cmd()
+        .args(["compare", "--base", "/nonexistent/base.gguf", "--model"])
+        .arg(common::model())
+        .arg("--data")
+        .arg(common::wikitext())
+        .assert()
+        .failure()
+        .stderr(contains("/nonexistent/base.gguf (--base)"))
+        .stderr(contains("panicked").not());
+}
