@@ -25,3 +25,6 @@ pub mod model;
 pub mod pipeline;
 pub mod report;
 pub mod tokenize;
+
+#[cfg(test)]
+mod test_util;

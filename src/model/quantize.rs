@@ -175,15 +175,7 @@ mod tests {
     use super::*;
 
     fn random(n: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed;
-        (0..n)
-            .map(|_| {
-                s = s
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.2
-            })
-            .collect()
+        crate::test_util::uniform(seed, n, 0.2)
     }
 
     #[test]
