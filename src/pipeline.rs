@@ -207,6 +207,8 @@ pub enum EvalError {
     Memory(String),
     #[error(transparent)]
     Ledger(#[from] ledger::LedgerError),
+    #[error(transparent)]
+    BaseFile(#[from] crate::eval::base_file::BaseFileError),
 }
 
 impl From<RunError> for EvalError {
@@ -1172,7 +1174,7 @@ pub fn evaluate(cfg: &EvalConfig, opts: &RunOptions) -> Result<Results, EvalErro
 
 /// A rank thread's result; a panic becomes an error naming the rank instead of tearing down
 /// the process.
-fn join_rank<T>(
+pub(crate) fn join_rank<T>(
     h: std::thread::ScopedJoinHandle<'_, Result<T, EvalError>>,
 ) -> Result<T, EvalError> {
     h.join().unwrap_or_else(|payload| {
@@ -1193,7 +1195,7 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 
 /// The most informative error among ranks: a rank's own failure before the echoes of it
 /// (other ranks report "rank N failed" once it aborts).
-fn first_error<T>(all: Vec<Result<T, EvalError>>) -> Result<Vec<T>, EvalError> {
+pub(crate) fn first_error<T>(all: Vec<Result<T, EvalError>>) -> Result<Vec<T>, EvalError> {
     let mut errors: Vec<(usize, EvalError)> = Vec::new();
     let mut ok = Vec::with_capacity(all.len());
     for (rank, r) in all.into_iter().enumerate() {

@@ -536,11 +536,21 @@ impl Resolved {
 #[derive(Debug, Args)]
 struct CompareArgs {
     /// The base model (GGUF) the model is compared with.
-    #[arg(long, value_name = "BASE.gguf")]
-    base: PathBuf,
+    #[arg(long, value_name = "BASE.gguf", required_unless_present = "base_logits")]
+    base: Option<PathBuf>,
     /// How the base's weights are used [default: f32: the exact values as stored].
     #[arg(long, value_enum, default_value_t = Precision::F32)]
     base_precision: Precision,
+    /// Also store what later comparisons need of the base in FILE: its final hidden state per
+    /// scored token (f32, hidden-size values: 43× smaller than llama.cpp's 16-bit logits for
+    /// SmolLM2).
+    #[arg(long, value_name = "FILE", requires = "base")]
+    save_base: Option<PathBuf>,
+    /// Take the base from FILE (written by --save-base): only the base's output layer is
+    /// loaded (from --base, default the GGUF the file names) and its logits are recomputed
+    /// from the stored rows, bit for bit the ones of the whole base.
+    #[arg(long, value_name = "FILE", conflicts_with = "save_base")]
+    base_logits: Option<PathBuf>,
     /// The model (--model, with --precision and --quantize) and the evaluation options.
     #[command(flatten)]
     eval: EvalArgs,
@@ -685,11 +695,41 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Compare(args) => {
             let resolved = args.eval.resolve()?;
-            if resolved.eval.ranks > 1 || resolved.eval.parallel.any() {
-                bail!("ppl compare runs in one process for now; drop --ranks and the parallel degrees");
+            let cfg = &resolved.eval;
+            if cfg.parallel.any() {
+                bail!("ppl compare splits windows over ranks (data parallel) only; drop --tp/--pp/--dp-shard/--dp-replicate/--cp");
             }
-            configure_threads(resolved.eval.threads);
-            let r = crate::compare::compare(&resolved.eval, &args.base, args.base_precision)?;
+            let opts = crate::compare::CompareOptions {
+                base: match (&args.base, &args.base_logits) {
+                    (gguf, Some(f)) => crate::compare::BaseSource::File {
+                        path: f.clone(),
+                        gguf: gguf.clone(),
+                    },
+                    (Some(b), None) => crate::compare::BaseSource::Model {
+                        path: b.clone(),
+                        precision: args.base_precision,
+                    },
+                    (None, None) => bail!("give the base with --base BASE.gguf or --base-logits FILE"),
+                },
+                save_base: args.save_base.clone(),
+            };
+            let r = match args.eval.backend() {
+                Backend::Local => {
+                    configure_threads(pipeline::threads_per_rank(cfg.threads, cfg.ranks));
+                    crate::compare::compare(cfg, &opts)?
+                }
+                Backend::Mpi => {
+                    configure_threads(cfg.threads);
+                    let (comm, _) = mpi_comm()?;
+                    if resolved.ranks_given && cfg.ranks != comm.size() {
+                        bail!("--ranks {} but mpirun started {}; make them agree", cfg.ranks, comm.size());
+                    }
+                    match crate::compare::compare_rank(comm.as_ref(), cfg, &opts)? {
+                        Some(r) => r,
+                        None => return Ok(ExitCode::SUCCESS),
+                    }
+                }
+            };
             if let Some(out) = &resolved.output {
                 let tmp = out.with_extension("json.tmp");
                 std::fs::write(&tmp, serde_json::to_vec_pretty(&r)?)

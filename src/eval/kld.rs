@@ -22,20 +22,22 @@ pub struct TokenComparison {
     pub same_top: bool,
 }
 
+/// f64 log-softmax of a logit row and the index of its (first) largest logit.
+fn log_softmax(row: &[f32]) -> (Vec<f64>, usize) {
+    let (mut arg, mut max) = (0usize, f32::NEG_INFINITY);
+    for (i, &v) in row.iter().enumerate() {
+        if v > max {
+            (arg, max) = (i, v);
+        }
+    }
+    let max = max as f64;
+    let sum: f64 = row.iter().map(|&l| (l as f64 - max).exp()).sum();
+    let ln = sum.ln();
+    (row.iter().map(|&l| l as f64 - max - ln).collect(), arg)
+}
+
 /// Compares two logit rows for the same position and target.
 pub fn compare_row(base: &[f32], model: &[f32], target: u32) -> TokenComparison {
-    let log_softmax = |row: &[f32]| -> (Vec<f64>, usize) {
-        let (mut arg, mut max) = (0usize, f32::NEG_INFINITY);
-        for (i, &v) in row.iter().enumerate() {
-            if v > max {
-                (arg, max) = (i, v);
-            }
-        }
-        let max = max as f64;
-        let sum: f64 = row.iter().map(|&l| (l as f64 - max).exp()).sum();
-        let ln = sum.ln();
-        (row.iter().map(|&l| l as f64 - max - ln).collect(), arg)
-    };
     let (lp, top_b) = log_softmax(base);
     let (lq, top_m) = log_softmax(model);
     let t = target as usize;

@@ -113,7 +113,7 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> LedgerError + '_ {
     }
 }
 
-fn chunk(payload: &[u8]) -> Vec<u8> {
+pub(crate) fn chunk(payload: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(8 + payload.len());
     out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
     out.extend_from_slice(&crc32fast::hash(payload).to_le_bytes());
@@ -208,7 +208,7 @@ pub fn parse(path: &Path, bytes: &[u8]) -> Result<Contents> {
         return Err(not("no PPLLEDG1 signature"));
     }
     let mut pos = MAGIC.len();
-    let header_bytes = next_chunk(bytes, &mut pos).ok_or_else(|| not("truncated header"))?;
+    let header_bytes = next_chunk(bytes, &mut pos, MAX_CHUNK).ok_or_else(|| not("truncated header"))?;
     let header: Header =
         serde_json::from_slice(header_bytes).map_err(|_| not("unreadable header"))?;
     if header.version != VERSION {
@@ -220,7 +220,7 @@ pub fn parse(path: &Path, bytes: &[u8]) -> Result<Contents> {
     let mut records = Vec::new();
     loop {
         let start = pos;
-        match next_chunk(bytes, &mut pos) {
+        match next_chunk(bytes, &mut pos, MAX_CHUNK) {
             Some(payload) => match serde_json::from_slice::<WindowResult>(payload) {
                 Ok(r) => records.push(r),
                 Err(_) => {
@@ -241,13 +241,13 @@ pub fn parse(path: &Path, bytes: &[u8]) -> Result<Contents> {
     })
 }
 
-/// The next length-prefixed, checksummed chunk at `pos`, advancing it; `None` when torn or
-/// corrupt.
-fn next_chunk<'a>(bytes: &'a [u8], pos: &mut usize) -> Option<&'a [u8]> {
+/// The next length-prefixed, checksummed chunk (at most `max` bytes) at `pos`, advancing it;
+/// `None` when torn or corrupt.
+pub(crate) fn next_chunk<'a>(bytes: &'a [u8], pos: &mut usize, max: usize) -> Option<&'a [u8]> {
     let head = bytes.get(*pos..pos.checked_add(8)?)?;
     let len = u32::from_le_bytes(head[..4].try_into().ok()?) as usize;
     let crc = u32::from_le_bytes(head[4..8].try_into().ok()?);
-    if len > MAX_CHUNK {
+    if len > max {
         return None;
     }
     let start = *pos + 8;

@@ -7,6 +7,7 @@
 //! summation order.
 
 pub mod accumulator;
+pub mod base_file;
 pub mod kld;
 pub mod ledger;
 pub mod nll;
