@@ -20,7 +20,9 @@ use crate::eval::ledger::Binding;
 use crate::eval::{self, LOGIT_ROWS};
 use crate::fingerprint;
 use crate::model::{GgufFile, Llama, ModelError, Partition, Precision, Quantize};
-use crate::pipeline::{first_error, join_rank, setup_rank, threads_per_rank, EvalConfig, EvalError, RankSetup};
+use crate::pipeline::{
+    first_error, join_rank, setup_rank, threads_per_rank, EvalConfig, EvalError, RankSetup,
+};
 use crate::tokenize::Tokenizer;
 
 /// One side of the comparison.
@@ -78,7 +80,10 @@ pub enum BaseSource {
     Model { path: PathBuf, precision: Precision },
     /// A file written earlier by `--save-base` (`--base-logits`), with the GGUF to take the
     /// base's output layer from (default: the path the file names).
-    File { path: PathBuf, gguf: Option<PathBuf> },
+    File {
+        path: PathBuf,
+        gguf: Option<PathBuf>,
+    },
 }
 
 /// The comparison's own options.
@@ -149,8 +154,8 @@ pub fn compare(cfg: &EvalConfig, opts: &CompareOptions) -> Result<CompareResults
                         .map_err(|e| {
                             EvalError::Config(format!("cannot start compute threads: {e}"))
                         })?;
-                    let r = pool
-                        .install(|| compare_on_rank(c, cfg, setup, model, base, opts, started));
+                    let r =
+                        pool.install(|| compare_on_rank(c, cfg, setup, model, base, opts, started));
                     if let Err(e) = &r {
                         c.abort(&e.to_string());
                     }
@@ -177,7 +182,9 @@ pub fn compare_rank(
     let setup = setup_rank(comm, cfg, &cfg.data)?;
     let loaded = load_models(cfg, &setup, opts);
     // Every rank learns whether every rank loaded, so none waits for a failed one.
-    let mine = loaded.as_ref().map_or_else(|e| e.to_string(), |_| String::new());
+    let mine = loaded
+        .as_ref()
+        .map_or_else(|e| e.to_string(), |_| String::new());
     for (rank, msg) in comm.all_gather(mine.into_bytes())?.iter().enumerate() {
         if !msg.is_empty() && loaded.is_ok() {
             return Err(EvalError::Comm(CommError::RankFailed {
@@ -243,7 +250,9 @@ fn load_models(
                     differs.join("; ").replace("ledger ", "file ")
                 )));
             }
-            let gguf = gguf.clone().unwrap_or_else(|| PathBuf::from(&header.base_path));
+            let gguf = gguf
+                .clone()
+                .unwrap_or_else(|| PathBuf::from(&header.base_path));
             let bytes = std::fs::metadata(path).map_or(0, |m| m.len());
             let stored = StoredRows {
                 path: path.clone(),
@@ -365,7 +374,10 @@ fn compare_on_rank(
                 .to_dtype(candle_core::DType::F32)
                 .map_err(ModelError::from)?,
             Some(f) => {
-                let rows: Vec<f32> = unit.iter().flat_map(|&i| f.windows[i].iter().copied()).collect();
+                let rows: Vec<f32> = unit
+                    .iter()
+                    .flat_map(|&i| f.windows[i].iter().copied())
+                    .collect();
                 if rows.len() != targets.len() * hidden {
                     return Err(EvalError::Config(format!(
                         "{} holds {} rows for windows {unit:?} but this plan scores {} tokens there; save it again with --save-base",
@@ -374,8 +386,12 @@ fn compare_on_rank(
                         targets.len()
                     )));
                 }
-                candle_core::Tensor::from_vec(rows, (targets.len(), hidden), &candle_core::Device::Cpu)
-                    .map_err(ModelError::from)?
+                candle_core::Tensor::from_vec(
+                    rows,
+                    (targets.len(), hidden),
+                    &candle_core::Device::Cpu,
+                )
+                .map_err(ModelError::from)?
             }
         };
         let mut tokens = Vec::with_capacity(targets.len());
@@ -393,7 +409,10 @@ fn compare_on_rank(
             r += n;
         }
         let stored = if save {
-            rows_b.flatten_all().and_then(|t| t.to_vec1::<f32>()).map_err(ModelError::from)?
+            rows_b
+                .flatten_all()
+                .and_then(|t| t.to_vec1::<f32>())
+                .map_err(ModelError::from)?
         } else {
             Vec::new()
         };
@@ -458,8 +477,10 @@ fn finish(
     ranks: usize,
     started: Instant,
 ) -> Result<CompareResults, EvalError> {
-    let all_tokens: Vec<TokenComparison> =
-        parts.iter().flat_map(|p| p.tokens.iter().copied()).collect();
+    let all_tokens: Vec<TokenComparison> = parts
+        .iter()
+        .flat_map(|p| p.tokens.iter().copied())
+        .collect();
     if all_tokens.is_empty() {
         return Err(EvalError::Config("no scored token to compare".into()));
     }

@@ -1,6 +1,7 @@
 //! `ppl compare`: a model against itself is KLD 0 and 100% same top token; a quantized model
-//! has KLD > 0 (never negative), its PPL equals what `ppl eval` reports for it, and models
-//! with different tokenizers are refused.
+//! has KLD > 0 (never negative), its PPL equals what `ppl eval` reports for it; results do not
+//! depend on the number of ranks; a saved base reproduces the comparison bit for bit; models
+//! with different tokenizers and base files made for other options are refused.
 
 mod common;
 
@@ -9,12 +10,19 @@ use predicates::prelude::PredicateBooleanExt;
 use predicates::str::contains;
 
 fn compare(extra: &[&str]) -> serde_json::Value {
+    let model = common::model();
+    let mut with_base = vec!["--base", model.to_str().unwrap()];
+    with_base.extend_from_slice(extra);
+    compare_with(&with_base)
+}
+
+/// `ppl compare --model M --data wikitext` (ctx 128, 4 chunks, f32) with the base given in
+/// `extra`.
+fn compare_with(extra: &[&str]) -> serde_json::Value {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("c.json");
     ppl_cmd()
         .arg("compare")
-        .arg("--base")
-        .arg(common::model())
         .arg("--model")
         .arg(common::model())
         .arg("--data")
@@ -111,5 +119,77 @@ fn a_missing_base_is_named_as_such() {
         .assert()
         .failure()
         .stderr(contains("/nonexistent/base.gguf (--base)"))
+        .stderr(contains("panicked").not());
+}
+
+/// The numbers of a comparison: everything but timings, paths and the run's own layout.
+fn numbers(c: &serde_json::Value) -> serde_json::Value {
+    let mut c = c.clone();
+    let o = c.as_object_mut().unwrap();
+    for k in ["seconds", "config", "ranks", "base_file", "base"] {
+        o.remove(k);
+    }
+    c
+}
+
+#[test]
+fn the_world_size_and_a_saved_base_change_no_bit() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("base.pplbase");
+    let file_s = file.to_str().unwrap();
+    let q = ["--quantize", "int4", "--group-size", "64"];
+    let one = compare(&q);
+    let mut args = q.to_vec();
+    args.extend(["--ranks", "2", "--batch-size", "3", "--save-base", file_s]);
+    let two = compare(&args);
+    assert_eq!(two["ranks"], 2);
+    assert_eq!(numbers(&one), numbers(&two));
+    // 4 windows × 63 scored tokens × 576 f32, plus a header and 4 window frames.
+    let saved = &two["base_file"];
+    assert_eq!(saved["mode"], "saved");
+    let bytes = std::fs::metadata(&file).unwrap().len();
+    assert_eq!(saved["bytes"], bytes);
+    let rows = 4 * 63 * 576 * 4;
+    assert!(bytes > rows && bytes < rows + 4096, "{bytes}");
+
+    // Only the base's output layer and the file: the same bits, on 1 or 3 ranks.
+    let mut args = q.to_vec();
+    args.extend(["--base-logits", file_s]);
+    let from_file = compare_with(&args);
+    assert_eq!(from_file["base_file"]["mode"], "read");
+    assert_eq!(from_file["base"]["sha256"], one["base"]["sha256"]);
+    assert_eq!(numbers(&one), numbers(&from_file));
+    args.extend(["--ranks", "3"]);
+    assert_eq!(numbers(&one), numbers(&compare_with(&args)));
+}
+
+#[test]
+fn a_base_file_for_other_options_or_damaged_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("base.pplbase");
+    let file_s = file.to_str().unwrap();
+    compare(&["--save-base", file_s]);
+    let attempt = |file: &str, chunks: &str| {
+        ppl_cmd()
+            .arg("compare")
+            .args(["--base-logits", file, "--model"])
+            .arg(common::model())
+            .arg("--data")
+            .arg(common::wikitext())
+            .args(["--ctx", "128", "--chunks", chunks, "--precision", "f32"])
+            .assert()
+            .failure()
+    };
+    attempt(file_s, "3")
+        .stderr(contains("saved for another evaluation"))
+        .stderr(contains("windows: file 4, this run 3"))
+        .stderr(contains("panicked").not());
+    let bytes = std::fs::read(&file).unwrap();
+    let cut = dir.path().join("cut.pplbase");
+    std::fs::write(&cut, &bytes[..bytes.len() - 100]).unwrap();
+    attempt(cut.to_str().unwrap(), "4")
+        .stderr(contains("cut.pplbase"))
+        .stderr(contains("window 3 is cut short"))
+        .stderr(contains("--save-base"))
         .stderr(contains("panicked").not());
 }

@@ -326,3 +326,56 @@ fn mpirun_rank_killed_mid_run_ends_the_job_and_resumes_on_another_world() {
     common::assert_same_numbers(&base, &r);
     assert!(r.run.unwrap().windows_from_ledger >= 4);
 }
+
+#[test]
+fn mpirun_compare_gives_the_single_process_comparison() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |np: Option<&str>, out: &std::path::Path| {
+        let mut args = vec![
+            ppl(),
+            "compare".into(),
+            "--base".into(),
+            common::model().display().to_string(),
+            "--model".into(),
+            common::model().display().to_string(),
+            "--data".into(),
+            common::wikitext().display().to_string(),
+        ];
+        args.extend(
+            [
+                "--ctx",
+                "128",
+                "--chunks",
+                "5",
+                "--quantize",
+                "q4_0",
+                "--threads",
+                "1",
+                "--quiet",
+                "--output",
+            ]
+            .map(String::from),
+        );
+        args.push(out.display().to_string());
+        let st = match np {
+            Some(np) => mpirun().args(["-np", np]).args(&args).output().unwrap(),
+            None => Command::new(&args[0]).args(&args[1..]).output().unwrap(),
+        };
+        assert!(
+            st.status.success(),
+            "{}",
+            String::from_utf8_lossy(&st.stderr)
+        );
+        let mut v: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(out).unwrap()).unwrap();
+        let ranks = v["ranks"].clone();
+        for k in ["seconds", "config", "ranks"] {
+            v.as_object_mut().unwrap().remove(k);
+        }
+        (v, ranks)
+    };
+    let (one, _) = run(None, &dir.path().join("one.json"));
+    let (two, ranks) = run(Some("2"), &dir.path().join("two.json"));
+    assert_eq!(ranks, 2);
+    assert_eq!(one, two);
+}

@@ -46,6 +46,10 @@ enum Command {
     Eval(EvalArgs),
     /// Compare a model with a base on the same tokens: KL divergence, ΔPPL, same top token.
     Compare(CompareArgs),
+    /// Write a float copy of a GGUF model (every matrix dequantized to f32, f16 or bf16).
+    Export(ExportArgs),
+    /// Write a GGUF model with its weights quantized as `ppl eval --quantize` does at load.
+    Quantize(QuantizeArgs),
     /// Print the token ids of a text, as llama.cpp would produce them.
     Tokenize(TokenizeArgs),
     /// Download a test model (default: SmolLM2-135M-Instruct Q4_1) and print its path.
@@ -299,16 +303,7 @@ impl EvalArgs {
             .clone()
             .or_else(|| c.str("evaluation.quantizer.skip").map(str::to_string))
             .unwrap_or_else(|| "embeddings".into());
-        let mut skip_embeddings = false;
-        let mut skip_output = false;
-        for part in skip.split(',').map(str::trim) {
-            match part {
-                "none" | "" => {}
-                "embeddings" => skip_embeddings = true,
-                "output" => skip_output = true,
-                other => bail!("--quantize-skip {other}: use embeddings, output, both (embeddings,output) or none"),
-            }
-        }
+        let (skip_embeddings, skip_output) = parse_skip(&skip)?;
         let group_size = self
             .group_size
             .or(uint("evaluation.quantizer.groupsize"))
@@ -536,7 +531,11 @@ impl Resolved {
 #[derive(Debug, Args)]
 struct CompareArgs {
     /// The base model (GGUF) the model is compared with.
-    #[arg(long, value_name = "BASE.gguf", required_unless_present = "base_logits")]
+    #[arg(
+        long,
+        value_name = "BASE.gguf",
+        required_unless_present = "base_logits"
+    )]
     base: Option<PathBuf>,
     /// How the base's weights are used [default: f32: the exact values as stored].
     #[arg(long, value_enum, default_value_t = Precision::F32)]
@@ -554,6 +553,42 @@ struct CompareArgs {
     /// The model (--model, with --precision and --quantize) and the evaluation options.
     #[command(flatten)]
     eval: EvalArgs,
+}
+
+/// Float types `ppl export` writes.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum FloatType {
+    F32,
+    F16,
+    Bf16,
+}
+
+#[derive(Debug, Args)]
+struct ExportArgs {
+    /// GGUF model to read (any type ppl loads).
+    model: PathBuf,
+    /// Float type of the written matrices (norms stay f32).
+    #[arg(long, value_enum)]
+    dtype: FloatType,
+    /// Output GGUF file.
+    #[arg(short, long)]
+    output: PathBuf,
+}
+
+#[derive(Debug, Args)]
+struct QuantizeArgs {
+    /// GGUF model to read (its weights are dequantized to f32 first).
+    input: PathBuf,
+    /// Output GGUF file.
+    output: PathBuf,
+    /// GGUF type of the linear layers (K-quants fall back to Q5_0 / Q8_0 for rows that are not
+    /// a multiple of 256, as llama.cpp's quantizer does).
+    #[arg(long = "type", value_enum, value_name = "TYPE")]
+    scheme: Scheme,
+    /// Weights left as stored: embeddings, output, embeddings,output or none [default:
+    /// embeddings]. A tied embedding table follows the output layer's choice.
+    #[arg(long, value_name = "LIST", default_value = "embeddings")]
+    quantize_skip: String,
 }
 
 #[derive(Debug, Args)]
@@ -577,6 +612,39 @@ struct FetchArgs {
     /// Cache directory [default: $PPL_CACHE_DIR, $XDG_CACHE_HOME/ppl or ~/.cache/ppl].
     #[arg(long)]
     cache_dir: Option<PathBuf>,
+}
+
+/// `--quantize-skip LIST`: whether the embeddings and the output layer are left alone.
+fn parse_skip(list: &str) -> anyhow::Result<(bool, bool)> {
+    let (mut embeddings, mut output) = (false, false);
+    for part in list.split(',').map(str::trim) {
+        match part {
+            "none" | "" => {}
+            "embeddings" => embeddings = true,
+            "output" => output = true,
+            other => bail!(
+                "--quantize-skip {other}: use embeddings, output, both (embeddings,output) or none"
+            ),
+        }
+    }
+    Ok((embeddings, output))
+}
+
+/// Prints what `ppl export` / `ppl quantize` wrote: tensors per type and the size.
+fn print_written(out: &std::path::Path, w: &crate::model::gguf_write::Written, src_bytes: u64) {
+    let mut counts: std::collections::BTreeMap<String, usize> = Default::default();
+    for (_, t) in &w.types {
+        *counts.entry(format!("{t:?}")).or_default() += 1;
+    }
+    let types: Vec<String> = counts.iter().map(|(t, n)| format!("{n} {t}")).collect();
+    println!(
+        "wrote {}: {} tensors ({}), {:.1} MiB (input {:.1} MiB)",
+        out.display(),
+        w.tensors,
+        types.join(", "),
+        w.bytes as f64 / (1u64 << 20) as f64,
+        src_bytes as f64 / (1u64 << 20) as f64
+    );
 }
 
 fn default_threads() -> usize {
@@ -709,7 +777,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                         path: b.clone(),
                         precision: args.base_precision,
                     },
-                    (None, None) => bail!("give the base with --base BASE.gguf or --base-logits FILE"),
+                    (None, None) => {
+                        bail!("give the base with --base BASE.gguf or --base-logits FILE")
+                    }
                 },
                 save_base: args.save_base.clone(),
             };
@@ -722,7 +792,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     configure_threads(cfg.threads);
                     let (comm, _) = mpi_comm()?;
                     if resolved.ranks_given && cfg.ranks != comm.size() {
-                        bail!("--ranks {} but mpirun started {}; make them agree", cfg.ranks, comm.size());
+                        bail!(
+                            "--ranks {} but mpirun started {}; make them agree",
+                            cfg.ranks,
+                            comm.size()
+                        );
                     }
                     match crate::compare::compare_rank(comm.as_ref(), cfg, &opts)? {
                         Some(r) => r,
@@ -752,6 +826,39 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let ids = tok.encode(&text)?;
             let line: Vec<String> = ids.iter().map(|i| i.to_string()).collect();
             println!("{}", line.join(" "));
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Export(args) => {
+            use candle_core::quantized::GgmlDType;
+            let g = GgufFile::open(&args.model)?;
+            let dtype = match args.dtype {
+                FloatType::F32 => GgmlDType::F32,
+                FloatType::F16 => GgmlDType::F16,
+                FloatType::Bf16 => GgmlDType::BF16,
+            };
+            let w = crate::model::gguf_write::write(
+                &g,
+                &args.output,
+                &crate::model::gguf_write::Conversion::Float(dtype),
+            )?;
+            print_written(&args.output, &w, g.bytes().len() as u64);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Quantize(args) => {
+            let g = GgufFile::open(&args.input)?;
+            let (skip_embeddings, skip_output) = parse_skip(&args.quantize_skip)?;
+            let q = Quantize {
+                scheme: args.scheme,
+                group_size: 32,
+                embeddings: !skip_embeddings,
+                output: !skip_output,
+            };
+            let w = crate::model::gguf_write::write(
+                &g,
+                &args.output,
+                &crate::model::gguf_write::Conversion::Quantize(q),
+            )?;
+            print_written(&args.output, &w, g.bytes().len() as u64);
             Ok(ExitCode::SUCCESS)
         }
         Command::FetchModel(args) => {

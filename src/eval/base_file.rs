@@ -200,7 +200,8 @@ mod tests {
         let (h, w) = read(&path).unwrap();
         assert_eq!(h, header);
         // Bit for bit.
-        let bits = |w: &[Vec<f32>]| -> Vec<u32> { w.iter().flatten().map(|v| v.to_bits()).collect() };
+        let bits =
+            |w: &[Vec<f32>]| -> Vec<u32> { w.iter().flatten().map(|v| v.to_bits()).collect() };
         assert_eq!(bits(&w), bits(&windows));
 
         let bytes = std::fs::read(&path).unwrap();

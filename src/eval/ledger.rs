@@ -208,7 +208,8 @@ pub fn parse(path: &Path, bytes: &[u8]) -> Result<Contents> {
         return Err(not("no PPLLEDG1 signature"));
     }
     let mut pos = MAGIC.len();
-    let header_bytes = next_chunk(bytes, &mut pos, MAX_CHUNK).ok_or_else(|| not("truncated header"))?;
+    let header_bytes =
+        next_chunk(bytes, &mut pos, MAX_CHUNK).ok_or_else(|| not("truncated header"))?;
     let header: Header =
         serde_json::from_slice(header_bytes).map_err(|_| not("unreadable header"))?;
     if header.version != VERSION {

@@ -1,4 +1,4 @@
-//! Models: the GGUF container ([`gguf`]), the Llama-family architecture ([`llama`]) and the
+//! Models: the GGUF container ([`gguf`], written by [`gguf_write`]), the Llama-family architecture ([`llama`]) and the
 //! fetcher for the reference test model ([`fetch`]).
 //!
 //! [`Precision`] selects how weights are used: `native` keeps quantized weights as stored
@@ -8,6 +8,7 @@
 
 pub mod fetch;
 pub mod gguf;
+pub mod gguf_write;
 pub mod kernels;
 pub mod llama;
 pub mod memory;
