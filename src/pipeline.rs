@@ -172,6 +172,17 @@ pub fn check_mesh(
     Ok(())
 }
 
+/// bf16/f16 activations run on whole models only: the model-parallel paths exchange f32.
+fn check_precision(cfg: &EvalConfig, dims: &ParallelDims) -> Result<(), EvalError> {
+    if matches!(cfg.precision, Precision::Bf16 | Precision::F16) && dims.splits_model() {
+        return Err(EvalError::Config(format!(
+            "--precision {} with pipeline, tensor or FSDP parallelism is not supported yet: use --precision f32 or native with --tp/--pp/--dp-shard, or {} with data parallelism only (--ranks N)",
+            cfg.precision, cfg.precision
+        )));
+    }
+    Ok(())
+}
+
 /// Display and testing options that are not part of the scoring configuration.
 #[derive(Debug, Clone, Default)]
 pub struct RunOptions {
@@ -401,7 +412,9 @@ pub fn setup_rank(
     let gguf = GgufFile::open(&cfg.model)?;
     let mc = LlamaConfig::from_gguf(&gguf)?;
     check_config(cfg, &mc)?;
-    check_mesh(&cfg.dims(comm.size())?, &gguf, &mc, cfg.quantize.as_ref())?;
+    let dims = cfg.dims(comm.size())?;
+    check_mesh(&dims, &gguf, &mc, cfg.quantize.as_ref())?;
+    check_precision(cfg, &dims)?;
     let tok = Tokenizer::from_gguf(&gguf)?;
     if tok.vocab_size != mc.vocab_size {
         return Err(EvalError::Model(ModelError::Invalid {

@@ -117,14 +117,23 @@ fn not_yet_supported_configs_are_refused_with_the_reason() {
         .failure()
         .stderr(contains("--cp 2"))
         .stderr(contains("not supported yet"));
+    // bf16 activations exist for whole models, not for pipeline stages (yet).
     ppl(dir.path())
         .args(["eval", "--config"])
-        .arg(config("quantized.yaml"))
+        .arg(config("pp.yaml"))
         .args(["--set", "evaluation.precision=bf16"])
         .assert()
         .failure()
-        .stderr(contains("evaluation.precision = bf16"))
+        .stderr(contains("--precision bf16 with pipeline"))
         .stderr(contains("not supported yet"));
+    ppl(dir.path())
+        .args(["eval", "--config"])
+        .arg(config("quantized.yaml"))
+        .args(["--set", "evaluation.precision=fp8"])
+        .assert()
+        .failure()
+        .stderr(contains("--set evaluation.precision=fp8"))
+        .stderr(contains("must be one of native, f32, bf16, f16"));
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! `ppl export` and `ppl quantize`: written GGUF files evaluate to exactly what the in-memory
-//! conversions give (`--precision f32`, `--quantize` at load), bit for bit; the bf16 export is
-//! within bf16 rounding; types GGUF cannot hold and unreadable inputs are refused cleanly.
+//! conversions give (`--precision f32|bf16`, `--quantize` at load), bit for bit; bf16 and f16
+//! activations stay within their rounding of f32; types GGUF cannot hold and unreadable inputs
+//! are refused cleanly.
 
 mod common;
 

@@ -323,8 +323,10 @@ impl EvalArgs {
         let precision = match (self.precision, c.str("evaluation.precision")) {
             (Some(p), _) => p,
             (None, Some("f32")) => Precision::F32,
+            (None, Some("bf16")) => Precision::Bf16,
+            (None, Some("f16")) => Precision::F16,
             (None, Some("native")) | (None, None) => Precision::Native,
-            (None, Some(p)) => bail!("evaluation.precision = {p}: {p} activations are not supported yet; use f32 or native"),
+            (None, Some(p)) => bail!("evaluation.precision = {p}: use native, f32, bf16 or f16"),
         };
         let parallel = RequestedDims {
             dp_replicate: self.dp_replicate.or(c.int("parallel.dp_replicate")),

@@ -168,7 +168,9 @@ impl Linear {
             detail: format!("cannot quantize '{name}' to {}: {e}", q.scheme),
         };
         match quantize::quantize(q, &w).map_err(err)? {
-            Quantized::Dense(t) => Ok(Linear::Candle(QMatMul::Tensor(t))),
+            Quantized::Dense(t) => Ok(Linear::Candle(QMatMul::Tensor(
+                t.to_dtype(precision.dtype())?,
+            ))),
             Quantized::Ggml(qt) => {
                 if precision == Precision::Native && qt.dtype() == GgmlDType::Q4_1 {
                     let (n, k) = w.dims2()?;
@@ -186,7 +188,7 @@ impl Linear {
         Ok(Linear::Candle(match precision {
             // QMatMul keeps quantized types quantized and dequantizes F32/F16/BF16 to f32.
             Precision::Native => QMatMul::from_arc(q)?,
-            Precision::F32 => QMatMul::Tensor(q.dequantize(&Device::Cpu)?),
+            p => QMatMul::Tensor(q.dequantize(&Device::Cpu)?.to_dtype(p.dtype())?),
         }))
     }
 
@@ -203,6 +205,9 @@ impl Linear {
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         match self {
+            // Dense weights set the activations' dtype (f32 rows meet a bf16 output layer
+            // when a compare reads stored hidden states).
+            Linear::Candle(m @ QMatMul::Tensor(w)) => Ok(m.forward(&x.to_dtype(w.dtype())?)?),
             Linear::Candle(m) => Ok(m.forward(x)?),
             Linear::Q4_1(w) => {
                 let (n, k) = w.shape();
@@ -249,7 +254,7 @@ impl RmsNorm {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         Ok(candle_nn::ops::rms_norm(
             &x.contiguous()?,
-            &self.weight,
+            &self.weight.to_dtype(x.dtype())?,
             self.eps,
         )?)
     }
@@ -305,7 +310,7 @@ impl Embedding {
             }
         };
         Ok(match keep {
-            Some(k) => x.broadcast_mul(&k)?,
+            Some(k) => x.broadcast_mul(&k.to_dtype(x.dtype())?)?,
             None => x,
         })
     }
@@ -313,7 +318,7 @@ impl Embedding {
     fn bytes(&self) -> u64 {
         (match &self.table {
             EmbeddingTable::Quantized(q) => q.storage_size_in_bytes(),
-            EmbeddingTable::Dense(t) => t.elem_count() * 4,
+            EmbeddingTable::Dense(t) => t.elem_count() * t.dtype().size_in_bytes(),
         }) as u64
     }
 }
@@ -367,8 +372,12 @@ impl Attention {
         let v = heads(self.wv.forward(x)?, self.n_kv_heads)?;
         let (k, v) = (self.repeat_kv(k)?, self.repeat_kv(v)?);
         let scale = 1.0 / (self.head_dim as f64).sqrt();
-        let scores = (q.matmul(&k.t()?)? * scale)?.broadcast_add(mask)?;
-        let probs = candle_nn::ops::softmax_last_dim(&scores)?;
+        let scores = (q.matmul(&k.t()?)? * scale)?;
+        let scores = scores.broadcast_add(&mask.to_dtype(scores.dtype())?)?;
+        // Softmax sums in f32 whatever the activations (candle's would sum bf16 in bf16;
+        // frameworks accumulate reduced types in f32).
+        let probs = candle_nn::ops::softmax_last_dim(&scores.to_dtype(DType::F32)?)?
+            .to_dtype(scores.dtype())?;
         let y = probs
             .matmul(&v)?
             .transpose(1, 2)?
@@ -506,8 +515,8 @@ impl Rope {
         let t = x.dim(2)?;
         Ok(candle_nn::rotary_emb::rope_i(
             x,
-            &self.cos.narrow(0, 0, t)?,
-            &self.sin.narrow(0, 0, t)?,
+            &self.cos.narrow(0, 0, t)?.to_dtype(x.dtype())?,
+            &self.sin.narrow(0, 0, t)?.to_dtype(x.dtype())?,
         )?)
     }
 }
@@ -577,7 +586,17 @@ impl Llama {
                     path: Default::default(),
                     detail: format!("cannot quantize 'token_embd.weight' to {}: {e}", q.scheme),
                 })? {
-                    Quantized::Dense(t) => Ok(EmbeddingTable::Dense(t)),
+                    Quantized::Dense(t) => {
+                        Ok(EmbeddingTable::Dense(t.to_dtype(precision.dtype())?))
+                    }
+                    // Lookups of a quantized table give f32 rows: dense in bf16/f16.
+                    Quantized::Ggml(qt)
+                        if matches!(precision, Precision::Bf16 | Precision::F16) =>
+                    {
+                        Ok(EmbeddingTable::Dense(
+                            qt.dequantize(&Device::Cpu)?.to_dtype(precision.dtype())?,
+                        ))
+                    }
                     Quantized::Ggml(qt) => Ok(EmbeddingTable::Quantized(Arc::new(qt))),
                 }
             };
@@ -587,16 +606,23 @@ impl Llama {
                         let raw = shard::read(g, &embd_spec)?;
                         Linear::quantized(&raw, "token_embd.weight", precision, &q)?
                     }
-                    (None, Precision::F32) => {
-                        Linear::Candle(QMatMul::Tensor(embd.dequantize(&Device::Cpu)?))
-                    }
                     (None, Precision::Native) => Linear::from_qtensor(embd.clone(), precision)?,
+                    (None, p) => Linear::Candle(QMatMul::Tensor(
+                        embd.dequantize(&Device::Cpu)?.to_dtype(p.dtype())?,
+                    )),
                 });
             }
             if part.embed {
                 embedding = Some(match (quant_embd, precision) {
                     (Some(q), _) => requantized(&q)?,
-                    (None, Precision::F32) => {
+                    (None, Precision::Native) => {
+                        if embd.dtype().block_size() == 1 {
+                            EmbeddingTable::Dense(embd.dequantize(&Device::Cpu)?)
+                        } else {
+                            EmbeddingTable::Quantized(embd.clone())
+                        }
+                    }
+                    (None, p) => {
                         // Shares the output layer's dense copy when tied and both are here.
                         match &output {
                             Some(Linear::Candle(QMatMul::Tensor(t)))
@@ -604,14 +630,9 @@ impl Llama {
                             {
                                 EmbeddingTable::Dense(t.clone())
                             }
-                            _ => EmbeddingTable::Dense(embd.dequantize(&Device::Cpu)?),
-                        }
-                    }
-                    (None, Precision::Native) => {
-                        if embd.dtype().block_size() == 1 {
-                            EmbeddingTable::Dense(embd.dequantize(&Device::Cpu)?)
-                        } else {
-                            EmbeddingTable::Quantized(embd.clone())
+                            _ => EmbeddingTable::Dense(
+                                embd.dequantize(&Device::Cpu)?.to_dtype(p.dtype())?,
+                            ),
                         }
                     }
                 });
@@ -710,12 +731,12 @@ impl Llama {
         let embedding = self.embedding.as_ref().map_or(0, |e| e.bytes());
         let output = self.output.as_ref().map_or(0, |o| o.bytes());
         // A tied embedding used as the output layer shares its storage (the quantized table
-        // in native precision, the dequantized tensor in f32): counted once.
+        // in native precision, the dense tensor otherwise): counted once.
         let shared = self.config.tied_embeddings
             && self.quantize.is_none_or(|q| !q.output && !q.embeddings)
             && self.embedding.is_some()
             && self.output.is_some()
-            && (self.precision == Precision::F32
+            && (self.precision != Precision::Native
                 || matches!(
                     self.embedding.as_ref().map(|e| &e.table),
                     Some(EmbeddingTable::Quantized(_))

@@ -46,6 +46,7 @@ fn tensor_bytes(t: &super::gguf::TensorInfo, precision: Precision) -> u64 {
     match precision {
         // Tied embeddings: the embedding and the output layer share one copy.
         Precision::F32 => elems * 4,
+        Precision::Bf16 | Precision::F16 => elems * 2,
         Precision::Native => match t.dtype {
             // Our Q4_1 kernel keeps d and m as f32: 24 bytes per 32 weights.
             candle_core::quantized::GgmlDType::Q4_1 => elems / 32 * 24,

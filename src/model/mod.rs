@@ -4,7 +4,8 @@
 //! [`Precision`] selects how weights are used: `native` keeps quantized weights as stored
 //! (activations are quantized to 8 bits inside each dot product, as llama.cpp does), `f32`
 //! dequantizes every weight once at load and computes in f32 (the exact value of the model as
-//! stored).
+//! stored), `bf16`/`f16` round the weights to that type and compute every activation in it
+//! (as a framework's bf16/f16 evaluation does; the logits' log-softmax stays f64).
 
 pub mod fetch;
 pub mod gguf;
@@ -30,6 +31,21 @@ pub enum Precision {
     Native,
     /// Every weight dequantized to f32 at load; f32 activations.
     F32,
+    /// Weights rounded to bf16 at load; bf16 activations (matmuls accumulate in f32).
+    Bf16,
+    /// Weights rounded to f16 at load; f16 activations.
+    F16,
+}
+
+impl Precision {
+    /// The dtype of the activations (and of dense weights).
+    pub fn dtype(self) -> candle_core::DType {
+        match self {
+            Precision::Native | Precision::F32 => candle_core::DType::F32,
+            Precision::Bf16 => candle_core::DType::BF16,
+            Precision::F16 => candle_core::DType::F16,
+        }
+    }
 }
 
 impl std::fmt::Display for Precision {
@@ -37,6 +53,8 @@ impl std::fmt::Display for Precision {
         f.write_str(match self {
             Precision::Native => "native",
             Precision::F32 => "f32",
+            Precision::Bf16 => "bf16",
+            Precision::F16 => "f16",
         })
     }
 }
