@@ -10,7 +10,8 @@
 # values and run in `native` precision (GGUF types through their quantized matmul, 8-bit
 # activations, as llama.cpp; int4/int8 as their dequantized values with f32 activations).
 # GGUF types keep the embedding and output as stored (Q8_0), as llama-quantize does for this
-# model; int4/int8 quantize the output layer too (torchao's default).
+# model; int4/int8 quantize the output layer too (torchao's default); q4_k_m is llama.cpp's
+# per-tensor mix.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CHUNKS=${1:-40}
@@ -32,13 +33,15 @@ variant() { # name flags...
 for g in 32 64 128 256; do variant "int4-g$g" --quantize int4 --group-size "$g"; done
 variant int8 --quantize int8
 for t in q4_0 q8_0 q4_k; do variant "$t" --quantize "$t" --quantize-skip embeddings,output; done
+# llama.cpp's mix, output included (its Q6_K falls back to Q8_0 for rows of 576, as stored).
+variant q4_k_m --quantize q4_k_m --quantize-skip none
 
 python3 - "$OUT" <<'PY'
 import json, sys, pathlib
 out = pathlib.Path(sys.argv[1])
 print("| variant | PPL | ΔPPL ± err | mean KLD ± err | KLD median | KLD 99% | same top % | seconds |")
 print("|---|---|---|---|---|---|---|---|")
-for name in ["q4_1-file", "int4-g32", "int4-g64", "int4-g128", "int4-g256", "int8", "q4_0", "q8_0", "q4_k"]:
+for name in ["q4_1-file", "int4-g32", "int4-g64", "int4-g128", "int4-g256", "int8", "q4_0", "q8_0", "q4_k", "q4_k_m"]:
     f = out / f"{name}.json"
     if not f.exists():
         continue

@@ -100,16 +100,40 @@ fn an_f32_export_is_the_f32_evaluation_of_the_original() {
 fn a_quantized_file_is_the_quantization_at_load() {
     let dir = tempfile::tempdir().unwrap();
     let m = common::model().display().to_string();
-    // q4_k: Q4_K where rows are multiples of 256 (ffn_down), Q5_0 elsewhere, as llama.cpp.
+    // llama.cpp's q4_k_m mix: Q6_K for ffn_down in the 14 layers use_more_bits picks, Q4_K
+    // for the other 16; rows of 576 fall back (Q4_K → Q5_0, Q6_K → Q8_0: attn_v of those 14
+    // layers and the tied output/embedding table).
     let q4k = run(
-        &["quantize", &m, "--type", "q4_k", "--quantize-skip", "none"],
+        &[
+            "quantize",
+            &m,
+            "--type",
+            "q4_k_m",
+            "--quantize-skip",
+            "none",
+        ],
         &dir.path().join("q4k.gguf"),
     );
     let t = types(&q4k);
-    assert_eq!(t.iter().filter(|t| *t == "Q4K").count(), 30, "{t:?}");
-    assert_eq!(t.iter().filter(|t| *t == "Q5_0").count(), 181);
+    let count = |ty: &str| t.iter().filter(|t| *t == ty).count();
+    assert_eq!(
+        [
+            count("Q4K"),
+            count("Q6K"),
+            count("Q5_0"),
+            count("Q8_0"),
+            count("F32")
+        ],
+        [16, 14, 166, 15, 61],
+        "{t:?}"
+    );
+    let g = GgufFile::open(&q4k).unwrap();
+    assert_eq!(
+        g.get("general.file_type").and_then(|v| v.as_u64()),
+        Some(15)
+    );
     let mut at_load = WORKLOAD.to_vec();
-    at_load.extend(["--quantize", "q4_k", "--quantize-skip", "none"]);
+    at_load.extend(["--quantize", "q4_k_m", "--quantize-skip", "none"]);
     assert_same_numbers(&eval(&at_load), &eval_file(&q4k, &[]));
 
     // q8_0 with the embedding table left as stored (tied: it follows the output layer).

@@ -152,6 +152,7 @@ const SCHEMA: &[(&str, Kind)] = &[
             "q8_0",
             "q4_k",
             "q6_k",
+            "q4_k_m",
         ]),
     ),
     (

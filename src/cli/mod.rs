@@ -149,7 +149,8 @@ pub struct EvalArgs {
     #[arg(long, value_name = "N")]
     cp: Option<i64>,
     /// Quantize the weights at load: int4 (asymmetric groups, torchao-style), int8 (per
-    /// channel), or a GGUF type (q4_0, q4_1, q8_0, q4_k, q6_k) [default: none].
+    /// channel), a GGUF type (q4_0, q4_1, q8_0, q4_k, q6_k) or llama.cpp's q4_k_m mix
+    /// [default: none].
     #[arg(long, value_enum, value_name = "TYPE")]
     quantize: Option<Scheme>,
     /// Values per int4 group along a row [default: 128].

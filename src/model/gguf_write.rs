@@ -15,7 +15,7 @@ use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::Device;
 
 use super::gguf::{GgufFile, Value};
-use super::quantize::{ggml_type_for, Quantize};
+use super::quantize::{Quantize, Scheme, Site};
 
 /// What a written file's tensors become.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -100,6 +100,7 @@ fn target_type(
     name: &str,
     shape: &[usize],
     tied: bool,
+    n_layers: usize,
 ) -> Option<GgmlDType> {
     let cols = *shape.last()?;
     if shape.len() != 2 {
@@ -115,8 +116,17 @@ fn target_type(
                 "token_embd.weight" => q.embeddings,
                 _ => true,
             };
-            let dtype = q.scheme.ggml()?;
-            wanted.then(|| ggml_type_for(dtype, cols))
+            let output = name == "output.weight" || (tied && name == "token_embd.weight");
+            let site = Site {
+                name,
+                n_layers,
+                output,
+            };
+            if wanted {
+                q.ggml_type(&site, cols)
+            } else {
+                None
+            }
         }
     }
 }
@@ -140,6 +150,19 @@ pub fn write(src: &GgufFile, out: &Path, conversion: &Conversion) -> Result<Writ
         })?,
     };
     let tied = !src.tensors.contains_key("output.weight");
+    // Blocks, from the `blk.N.` names (for the mixes' per-layer rules).
+    let n_layers = src
+        .tensors
+        .keys()
+        .filter_map(|n| {
+            n.strip_prefix("blk.")?
+                .split('.')
+                .next()?
+                .parse::<usize>()
+                .ok()
+        })
+        .max()
+        .map_or(0, |i| i + 1);
     let tensor_err = |name: &str| {
         let (path, name) = (src.path().to_path_buf(), name.to_string());
         move |source| WriteError::Tensor {
@@ -151,7 +174,7 @@ pub fn write(src: &GgufFile, out: &Path, conversion: &Conversion) -> Result<Writ
     let mut tensors: Vec<(String, QTensor)> = Vec::with_capacity(src.tensors.len());
     for (name, info) in &src.tensors {
         let q = src.qtensor(name, &info.shape, &Device::Cpu)?;
-        let q = match target_type(conversion, name, &info.shape, tied) {
+        let q = match target_type(conversion, name, &info.shape, tied, n_layers) {
             Some(dtype) if dtype != info.dtype || matches!(conversion, Conversion::Quantize(_)) => {
                 let f = q.dequantize(&Device::Cpu).map_err(tensor_err(name))?;
                 QTensor::quantize(&f, dtype).map_err(tensor_err(name))?
@@ -171,10 +194,12 @@ pub fn write(src: &GgufFile, out: &Path, conversion: &Conversion) -> Result<Writ
         })
         .map(|(k, v)| (k.clone(), to_candle(v)))
         .collect();
-    metadata.push((
-        "general.file_type".into(),
-        gguf_file::Value::U32(file_type(main_type)),
-    ));
+    let file_type = match conversion {
+        // llama.cpp's LLAMA_FTYPE_MOSTLY_Q4_K_M.
+        Conversion::Quantize(q) if q.scheme == Scheme::Q4KM => 15,
+        _ => file_type(main_type),
+    };
+    metadata.push(("general.file_type".into(), gguf_file::Value::U32(file_type)));
     if matches!(conversion, Conversion::Quantize(_)) {
         metadata.push((
             "general.quantization_version".into(),
@@ -229,29 +254,61 @@ mod tests {
         };
         let c = Conversion::Quantize(q);
         assert_eq!(
-            target_type(&c, "blk.0.attn_q.weight", &[576, 576], true),
+            target_type(&c, "blk.0.attn_q.weight", &[576, 576], true, 30),
             Some(GgmlDType::Q5_0)
         );
         assert_eq!(
-            target_type(&c, "blk.0.ffn_down.weight", &[576, 1536], true),
+            target_type(&c, "blk.0.ffn_down.weight", &[576, 1536], true, 30),
             Some(GgmlDType::Q4K)
         );
         assert_eq!(
-            target_type(&c, "blk.0.attn_norm.weight", &[576], true),
+            target_type(&c, "blk.0.attn_norm.weight", &[576], true, 30),
             Some(GgmlDType::F32)
         );
         // Tied: the table follows the output layer.
         assert_eq!(
-            target_type(&c, "token_embd.weight", &[49152, 576], true),
+            target_type(&c, "token_embd.weight", &[49152, 576], true, 30),
             Some(GgmlDType::Q5_0)
         );
         assert_eq!(
-            target_type(&c, "token_embd.weight", &[49152, 576], false),
+            target_type(&c, "token_embd.weight", &[49152, 576], false, 30),
             None
+        );
+        // q4_k_m: Q6_K for attn_v/ffn_down of the layers use_more_bits picks (0..3, 26..29
+        // and 3 + 3k + 2 for 30 layers), Q4_K elsewhere; the fallbacks for rows of 576.
+        let m = Conversion::Quantize(Quantize {
+            scheme: Scheme::Q4KM,
+            ..q
+        });
+        let down = |i: usize| {
+            target_type(
+                &m,
+                &format!("blk.{i}.ffn_down.weight"),
+                &[576, 1536],
+                true,
+                30,
+            )
+        };
+        let picked: Vec<usize> = (0..30)
+            .filter(|&i| down(i) == Some(GgmlDType::Q6K))
+            .collect();
+        assert_eq!(picked, [0, 1, 2, 5, 8, 11, 14, 17, 20, 23, 26, 27, 28, 29]);
+        assert_eq!(down(3), Some(GgmlDType::Q4K));
+        assert_eq!(
+            target_type(&m, "blk.0.attn_v.weight", &[192, 576], true, 30),
+            Some(GgmlDType::Q8_0)
+        );
+        assert_eq!(
+            target_type(&m, "blk.3.attn_v.weight", &[192, 576], true, 30),
+            Some(GgmlDType::Q5_0)
+        );
+        assert_eq!(
+            target_type(&m, "token_embd.weight", &[49152, 576], true, 30),
+            Some(GgmlDType::Q8_0)
         );
         let f = Conversion::Float(GgmlDType::BF16);
         assert_eq!(
-            target_type(&f, "token_embd.weight", &[49152, 576], true),
+            target_type(&f, "token_embd.weight", &[49152, 576], true, 30),
             Some(GgmlDType::BF16)
         );
     }

@@ -15,7 +15,7 @@ use candle_core::{DType, Device, Module, Tensor};
 
 use super::gguf::GgufFile;
 use super::kernels::q4_1::Q4_1Matrix;
-use super::quantize::{self, Quantize, Quantized};
+use super::quantize::{self, Quantize, Quantized, Site};
 use super::shard::{self, LayerShard, Partition, RawTensor, TensorSpec};
 use super::{ModelError, Precision};
 
@@ -158,16 +158,17 @@ impl Linear {
     /// kernel for Q4_1 in native precision).
     fn quantized(
         raw: &RawTensor<'_>,
-        name: &str,
+        site: &Site,
         precision: Precision,
         q: &Quantize,
     ) -> Result<Self> {
+        let name = site.name;
         let w = qtensor(raw, name)?.dequantize(&Device::Cpu)?;
         let err = |e: candle_core::Error| ModelError::Invalid {
             path: Default::default(),
             detail: format!("cannot quantize '{name}' to {}: {e}", q.scheme),
         };
-        match quantize::quantize(q, &w).map_err(err)? {
+        match quantize::quantize(q, &w, site).map_err(err)? {
             Quantized::Dense(t) => Ok(Linear::Candle(QMatMul::Tensor(
                 t.to_dtype(precision.dtype())?,
             ))),
@@ -430,7 +431,14 @@ impl Block {
     ) -> Result<Self> {
         let specs = shard::block_specs(c, i, part);
         let lin = |k: usize| match quant {
-            Some(q) => Linear::quantized(&tensors[k], &specs[k].name, precision, q),
+            Some(q) => {
+                let site = Site {
+                    name: &specs[k].name,
+                    n_layers: c.n_layers,
+                    output: false,
+                };
+                Linear::quantized(&tensors[k], &site, precision, q)
+            }
             None => Linear::from_raw(&tensors[k], &specs[k].name, precision),
         };
         let norm = |k: usize| RmsNorm::from_raw(&tensors[k], &specs[k].name, c.rms_norm_eps);
@@ -578,11 +586,17 @@ impl Llama {
         let (mut embedding, mut output) = (None, None);
         let quant_embd = quantize.filter(|q| q.embeddings);
         let quant_out = quantize.filter(|q| q.output);
+        // A tied table follows the output layer's type (as llama.cpp's quantizer).
+        let embd_site = Site {
+            name: "token_embd.weight",
+            n_layers: config.n_layers,
+            output: config.tied_embeddings,
+        };
         if let Some(embd) = &embd {
             // Quantized at load (`--quantize` with embeddings/output): from the f32 values.
             let requantized = |q: &Quantize| -> Result<EmbeddingTable> {
                 let w = embd.dequantize(&Device::Cpu)?;
-                match quantize::quantize(q, &w).map_err(|e| ModelError::Invalid {
+                match quantize::quantize(q, &w, &embd_site).map_err(|e| ModelError::Invalid {
                     path: Default::default(),
                     detail: format!("cannot quantize 'token_embd.weight' to {}: {e}", q.scheme),
                 })? {
@@ -604,7 +618,7 @@ impl Llama {
                 output = Some(match (quant_out, precision) {
                     (Some(q), _) => {
                         let raw = shard::read(g, &embd_spec)?;
-                        Linear::quantized(&raw, "token_embd.weight", precision, &q)?
+                        Linear::quantized(&raw, &embd_site, precision, &q)?
                     }
                     (None, Precision::Native) => Linear::from_qtensor(embd.clone(), precision)?,
                     (None, p) => Linear::Candle(QMatMul::Tensor(
@@ -646,7 +660,14 @@ impl Llama {
             };
             let raw = shard::read(g, &spec)?;
             output = Some(match quant_out {
-                Some(q) => Linear::quantized(&raw, "output.weight", precision, &q)?,
+                Some(q) => {
+                    let site = Site {
+                        name: "output.weight",
+                        n_layers: config.n_layers,
+                        output: true,
+                    };
+                    Linear::quantized(&raw, &site, precision, &q)?
+                }
                 None => Linear::from_raw(&raw, "output.weight", precision)?,
             });
             release(g, &raw, "output.weight");

@@ -33,6 +33,10 @@ pub enum Scheme {
     Q4K,
     #[value(name = "q6_k")]
     Q6K,
+    /// llama.cpp's Q4_K_M mix: Q4_K, with Q6_K for the output layer and for `attn_v` and
+    /// `ffn_down` of the layers its `use_more_bits` rule picks.
+    #[value(name = "q4_k_m")]
+    Q4KM,
 }
 
 impl std::fmt::Display for Scheme {
@@ -45,12 +49,13 @@ impl std::fmt::Display for Scheme {
             Scheme::Q8_0 => "q8_0",
             Scheme::Q4K => "q4_k",
             Scheme::Q6K => "q6_k",
+            Scheme::Q4KM => "q4_k_m",
         })
     }
 }
 
 impl Scheme {
-    /// The GGUF type of a GGUF scheme.
+    /// The GGUF type of a GGUF scheme (a mix: its main type).
     pub fn ggml(self) -> Option<GgmlDType> {
         match self {
             Scheme::Int4 | Scheme::Int8 => None,
@@ -59,6 +64,7 @@ impl Scheme {
             Scheme::Q8_0 => Some(GgmlDType::Q8_0),
             Scheme::Q4K => Some(GgmlDType::Q4K),
             Scheme::Q6K => Some(GgmlDType::Q6K),
+            Scheme::Q4KM => Some(GgmlDType::Q4K),
         }
     }
 
@@ -92,26 +98,78 @@ pub enum Quantized {
 }
 
 /// The GGUF type used for a row of `cols` values: K-quants need rows of multiples of 256;
-/// otherwise, as llama.cpp's quantizer does, Q4_K falls back to Q5_0 and Q6_K to Q8_0.
+/// otherwise, as llama.cpp's quantizer does, Q4_K falls back to Q5_0, Q5_K to Q5_1 and Q6_K
+/// to Q8_0.
 pub fn ggml_type_for(dtype: GgmlDType, cols: usize) -> GgmlDType {
     if cols.is_multiple_of(dtype.block_size()) {
         return dtype;
     }
     match dtype {
         GgmlDType::Q4K => GgmlDType::Q5_0,
+        GgmlDType::Q5K => GgmlDType::Q5_1,
         GgmlDType::Q6K => GgmlDType::Q8_0,
         d => d,
     }
 }
 
-/// Quantizes an f32 weight `[rows, cols]`.
-pub fn quantize(q: &Quantize, w: &Tensor) -> candle_core::Result<Quantized> {
+/// Where a weight sits in the model: mixes (`q4_k_m`) choose its type by it.
+#[derive(Debug, Clone, Copy)]
+pub struct Site<'a> {
+    /// GGUF tensor name, e.g. `blk.3.attn_v.weight`.
+    pub name: &'a str,
+    pub n_layers: usize,
+    /// The output layer, or a tied embedding table (which follows the output's type, as in
+    /// llama.cpp's quantizer).
+    pub output: bool,
+}
+
+impl Site<'_> {
+    /// The block index in a `blk.N.…` name.
+    fn layer(&self) -> Option<usize> {
+        self.name
+            .strip_prefix("blk.")?
+            .split('.')
+            .next()?
+            .parse()
+            .ok()
+    }
+}
+
+/// llama.cpp's `use_more_bits`: the first and last eighth of the layers and every third in
+/// between.
+fn use_more_bits(layer: usize, n_layers: usize) -> bool {
+    let (i, n) = (layer as i64, n_layers as i64);
+    i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2
+}
+
+impl Quantize {
+    /// The GGUF type the weight at `site` with rows of `cols` values is quantized to (`None`
+    /// for int4/int8).
+    pub fn ggml_type(&self, site: &Site, cols: usize) -> Option<GgmlDType> {
+        let main = self.scheme.ggml()?;
+        let dtype = match self.scheme {
+            Scheme::Q4KM => {
+                let more_bits = (site.name.contains("attn_v") || site.name.contains("ffn_down"))
+                    && site
+                        .layer()
+                        .is_some_and(|i| use_more_bits(i, site.n_layers));
+                if site.output || more_bits {
+                    GgmlDType::Q6K
+                } else {
+                    main
+                }
+            }
+            _ => main,
+        };
+        Some(ggml_type_for(dtype, cols))
+    }
+}
+
+/// Quantizes an f32 weight `[rows, cols]` sitting at `site`.
+pub fn quantize(q: &Quantize, w: &Tensor, site: &Site) -> candle_core::Result<Quantized> {
     let (rows, cols) = w.dims2()?;
-    match q.scheme.ggml() {
-        Some(dtype) => Ok(Quantized::Ggml(QTensor::quantize(
-            w,
-            ggml_type_for(dtype, cols),
-        )?)),
+    match q.ggml_type(site, cols) {
+        Some(dtype) => Ok(Quantized::Ggml(QTensor::quantize(w, dtype)?)),
         None => {
             let v = w.flatten_all()?.to_vec1::<f32>()?;
             let out = match q.scheme {
