@@ -23,11 +23,15 @@ MODEL=${PPL_MODEL:-$($PPL fetch-model)}
 DATA=${PPL_DATA:-../shared/data/wikitext-2-raw/wiki.test.raw}
 common=(compare --model "$MODEL" --data "$DATA" --ctx "$CTX" --chunks "$CHUNKS" --progress none --quiet)
 
+# Results already in OUTDIR are kept (a rerun finishes an interrupted table).
 # The original Q4_1 file against its f32 values; saves the base for the others.
-"$PPL" "${common[@]}" --base "$MODEL" --save-base "$OUT/base.pplbase" --output "$OUT/q4_1-file.json"
+if [ ! -f "$OUT/q4_1-file.json" ] || [ ! -f "$OUT/base.pplbase" ]; then
+  "$PPL" "${common[@]}" --base "$MODEL" --save-base "$OUT/base.pplbase" --output "$OUT/q4_1-file.json"
+fi
 variant() { # name flags...
   local name=$1
   shift
+  [ -f "$OUT/$name.json" ] && return 0
   "$PPL" "${common[@]}" --base-logits "$OUT/base.pplbase" "$@" --output "$OUT/$name.json"
 }
 for g in 32 64 128 256; do variant "int4-g$g" --quantize int4 --group-size "$g"; done

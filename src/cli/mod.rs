@@ -4,6 +4,7 @@
 
 mod bench;
 pub mod config;
+pub mod inspect;
 mod launch;
 mod validate;
 
@@ -50,6 +51,10 @@ enum Command {
     Export(ExportArgs),
     /// Write a GGUF model with its weights quantized as `ppl eval --quantize` does at load.
     Quantize(QuantizeArgs),
+    /// What a GGUF model holds: architecture, parameters, tensor types, tokenizer, memory.
+    Inspect(inspect::InspectArgs),
+    /// The models in the cache, one line each.
+    Models(inspect::ModelsArgs),
     /// Print the token ids of a text, as llama.cpp would produce them.
     Tokenize(TokenizeArgs),
     /// Download a test model (default: SmolLM2-135M-Instruct Q4_1) and print its path.
@@ -871,6 +876,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Bench(args) => bench::run(args),
+        Command::Inspect(args) => inspect::run_inspect(args),
+        Command::Models(args) => inspect::run_models(args),
         Command::Launch(args) => launch::run(args),
         Command::Validate(args) => validate::run(args),
         Command::Config {
