@@ -52,6 +52,8 @@ pub struct EvalConfig {
     pub chunks: Option<usize>,
     /// Only the first N tokens of the text (`chunks`, `stride`).
     pub max_tokens: Option<usize>,
+    /// The field of a JSON Lines record that holds its text.
+    pub text_field: String,
     pub batch_size: usize,
     pub threads: usize,
     pub precision: Precision,
@@ -238,7 +240,8 @@ pub(crate) struct Prepared {
     documents: Option<(u64, u64, u64)>,
 }
 
-fn prepare(cfg: &EvalConfig, tok: &Tokenizer, text: &str) -> Result<Prepared, EvalError> {
+fn prepare(cfg: &EvalConfig, tok: &Tokenizer, data: &data::Data) -> Result<Prepared, EvalError> {
+    let text = data.text.as_str();
     let too_short = |n: usize, need: usize| {
         EvalError::Data(DataError::Windows(format!(
             "{}: the text has {n} tokens, fewer than the {need} one window needs with --ctx {}; use a smaller --ctx or a longer text",
@@ -283,7 +286,7 @@ fn prepare(cfg: &EvalConfig, tok: &Tokenizer, text: &str) -> Result<Prepared, Ev
                     cfg.model.display()
                 ))
             })?;
-            let mut docs = data::documents(text);
+            let mut docs = data.documents();
             if let Some(n) = cfg.chunks {
                 docs.truncate(n);
             }
@@ -391,13 +394,13 @@ pub fn fingerprints(
 ) -> Result<Fingerprints, EvalError> {
     let gguf = GgufFile::open(&cfg.model)?;
     let tok = Tokenizer::from_gguf(&gguf)?;
-    let text = data::read_text(data_path)?;
+    let loaded = data::load(data_path, &cfg.text_field)?;
     make_fingerprints(
         comm,
         cfg,
         data_path,
         &tok,
-        &fingerprint::sha256_bytes(text.as_bytes()),
+        &fingerprint::sha256_bytes(loaded.text.as_bytes()),
     )
 }
 
@@ -425,8 +428,8 @@ pub fn setup_rank(
             ),
         }));
     }
-    let text = data::read_text(data_path)?;
-    let text_sha256 = fingerprint::sha256_bytes(text.as_bytes());
+    let loaded = data::load(data_path, &cfg.text_field)?;
+    let text_sha256 = fingerprint::sha256_bytes(loaded.text.as_bytes());
     let mine = make_fingerprints(comm, cfg, data_path, &tok, &text_sha256)?;
     agreement::check(comm, &mine)?;
     let seed_bytes = comm.broadcast(0, cfg.seed.to_le_bytes().to_vec())?;
@@ -457,7 +460,7 @@ pub fn setup_rank(
         data: data_path.to_path_buf(),
         ..cfg.clone()
     };
-    let prepared = prepare(&cfg_here, &tok, &text)?;
+    let prepared = prepare(&cfg_here, &tok, &loaded)?;
     let tokenize_s = t_tok.elapsed().as_secs_f64();
     if prepared.plan.windows.is_empty() {
         return Err(EvalError::Data(DataError::Windows(format!(
@@ -478,7 +481,7 @@ pub fn setup_rank(
         tok,
         data_path: data_path.to_path_buf(),
         text_sha256,
-        text_len: text.len() as u64,
+        text_len: loaded.text.len() as u64,
         prepared,
         tokenize_s,
         seed,

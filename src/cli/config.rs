@@ -23,6 +23,8 @@ use yaml_rust2::{Yaml, YamlLoader};
 #[derive(Debug, Clone, Copy)]
 enum Kind {
     Path,
+    /// Any non-empty string.
+    Str,
     /// An integer ≥ the bound; `-1` allowed where `minus_one` ("all" or "infer").
     Int {
         min: i64,
@@ -37,6 +39,7 @@ const SCHEMA: &[(&str, Kind)] = &[
     ("model.path", Kind::Path),
     ("model.format", Kind::Choice(&["gguf", "safetensors"])),
     ("data.path", Kind::Path),
+    ("data.text_field", Kind::Str),
     (
         "data.method",
         Kind::Choice(&["chunks", "stride", "rolling"]),
@@ -366,6 +369,13 @@ fn check(key: &str, y: &Yaml, origin: &str) -> Result<Value, ConfigError> {
         Kind::Path => match y {
             Yaml::String(s) if !s.is_empty() => Ok(Value::Str(s.clone())),
             _ => Err(bad(format!("must be a path, got {}", describe(y)))),
+        },
+        Kind::Str => match y {
+            Yaml::String(s) if !s.is_empty() => Ok(Value::Str(s.clone())),
+            _ => Err(bad(format!(
+                "must be a non-empty string, got {}",
+                describe(y)
+            ))),
         },
         Kind::Bool => match y {
             Yaml::Boolean(b) => Ok(Value::Bool(*b)),

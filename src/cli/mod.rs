@@ -107,6 +107,9 @@ pub struct EvalArgs {
     /// UTF-8 text file to evaluate on.
     #[arg(short = 'f', long)]
     data: Option<PathBuf>,
+    /// The field of each JSON Lines record (`--data F.jsonl`) holding its text [default: text].
+    #[arg(long, value_name = "NAME")]
+    text_field: Option<String>,
     /// How the text is cut into windows [default: chunks].
     #[arg(long, value_enum)]
     method: Option<Method>,
@@ -434,6 +437,11 @@ impl EvalArgs {
                 stride,
                 chunks: self.chunks.or(uint("data.chunks")),
                 max_tokens,
+                text_field: self
+                    .text_field
+                    .clone()
+                    .or_else(|| c.str("data.text_field").map(str::to_string))
+                    .unwrap_or_else(|| "text".into()),
                 batch_size: self
                     .batch_size
                     .or(uint("evaluation.batch_size"))
@@ -500,6 +508,12 @@ impl Resolved {
             e.data.display(),
             e.method
         );
+        if e.text_field != "text" {
+            out += &format!(
+                "  text_field: {}\n",
+                serde_json::to_string(&e.text_field).expect("strings serialize")
+            );
+        }
         if e.method == Method::Stride {
             out += &format!("  stride: {}\n", e.stride);
         }
@@ -622,6 +636,32 @@ struct FetchArgs {
     cache_dir: Option<PathBuf>,
 }
 
+/// `--data -`: standard input is read once, here, into a file named by its content hash in
+/// the temporary directory, so that every local rank and a `--resume` read the same bytes.
+/// Under MPI only rank 0 would see the input: refused.
+fn stdin_to_file(cfg: &mut EvalConfig, backend: Backend) -> anyhow::Result<()> {
+    if cfg.data.as_os_str() != "-" {
+        return Ok(());
+    }
+    if backend == Backend::Mpi {
+        bail!("--data - (standard input) cannot be used under mpirun: only rank 0 would read it; give a file path every rank can read");
+    }
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(&mut std::io::stdin(), &mut bytes)
+        .context("cannot read the data from standard input (--data -)")?;
+    let sha = crate::fingerprint::sha256_bytes(&bytes);
+    let path = std::env::temp_dir().join(format!("ppl-stdin-{}.txt", &sha[..16]));
+    std::fs::write(&path, &bytes)
+        .with_context(|| format!("cannot keep standard input in {}", path.display()))?;
+    tracing::info!(
+        "standard input ({} bytes) kept in {}",
+        bytes.len(),
+        path.display()
+    );
+    cfg.data = path;
+    Ok(())
+}
+
 /// `--quantize-skip LIST`: whether the embeddings and the output layer are left alone.
 fn parse_skip(list: &str) -> anyhow::Result<(bool, bool)> {
     let (mut embeddings, mut output) = (false, false);
@@ -708,7 +748,8 @@ pub fn main() -> ExitCode {
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Eval(args) => {
-            let resolved = args.resolve()?;
+            let mut resolved = args.resolve()?;
+            stdin_to_file(&mut resolved.eval, args.backend())?;
             let cfg = &resolved.eval;
             let mut opts = args.run_options()?;
             opts.config_yaml = Some(resolved.to_yaml_absolute());
@@ -770,7 +811,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Compare(args) => {
-            let resolved = args.eval.resolve()?;
+            let mut resolved = args.eval.resolve()?;
+            stdin_to_file(&mut resolved.eval, args.eval.backend())?;
             let cfg = &resolved.eval;
             if cfg.parallel.any() {
                 bail!("ppl compare splits windows over ranks (data parallel) only; drop --tp/--pp/--dp-shard/--dp-replicate/--cp");

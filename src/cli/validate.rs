@@ -186,11 +186,19 @@ fn local_checks(args: &ValidateArgs, list: &mut Checklist) {
             return;
         }
     };
-    match crate::data::read_text(&cfg.data) {
-        Ok(text) => list.add(
+    match crate::data::load(&cfg.data, &cfg.text_field) {
+        Ok(d) => list.add(
             Status::Pass,
             "data",
-            format!("{} ({} bytes, UTF-8)", cfg.data.display(), text.len()),
+            format!(
+                "{} ({} bytes, UTF-8{})",
+                cfg.data.display(),
+                d.text.len(),
+                d.doc_ranges
+                    .as_ref()
+                    .map(|r| format!(", {} documents", r.len()))
+                    .unwrap_or_default()
+            ),
         ),
         Err(e) => list.add(Status::Fail, "data", e.to_string()),
     }

@@ -1,10 +1,13 @@
-//! Data: reading the evaluation text ([`read_text`]), splitting it into documents
-//! ([`documents`]) and cutting token streams into scored windows ([`windows`]).
+//! Data: reading the evaluation text ([`read_text`], and the record-based sources of
+//! [`source`]), splitting it into documents ([`documents`]) and cutting token streams into
+//! scored windows ([`windows`]).
 
+pub mod source;
 pub mod windows;
 
 use std::path::{Path, PathBuf};
 
+pub use source::{load, Data};
 pub use windows::{Method, Window, WindowPlan};
 
 #[derive(Debug, thiserror::Error)]
@@ -20,6 +23,12 @@ pub enum DataError {
     Empty { path: PathBuf },
     #[error("data file {path} looks binary (a NUL byte at offset {offset}); --data takes a UTF-8 text file")]
     Binary { path: PathBuf, offset: usize },
+    #[error("{path}, line {line}: {detail}")]
+    Record {
+        path: PathBuf,
+        line: usize,
+        detail: String,
+    },
     #[error("{0}")]
     Windows(String),
 }
