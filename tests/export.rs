@@ -13,7 +13,7 @@ use ppl::report::Results;
 use predicates::prelude::PredicateBooleanExt;
 use predicates::str::contains;
 
-const WORKLOAD: [&str; 4] = ["--ctx", "128", "--chunks", "4"];
+const WORKLOAD: [&str; 4] = ["--ctx", "128", "--chunks", "2"];
 
 fn eval_file(model: &Path, extra: &[&str]) -> Results {
     let dir = tempfile::tempdir().unwrap();

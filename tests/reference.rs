@@ -75,16 +75,20 @@ fn f32_matches_pytorch_within_0_05_percent() {
 fn batch_size_does_not_change_a_bit() {
     for precision in ["native", "f32"] {
         let b1 = eval(&[
+            "--ctx",
+            "256",
             "--chunks",
-            "6",
+            "5",
             "--precision",
             precision,
             "--batch-size",
             "1",
         ]);
         let b4 = eval(&[
+            "--ctx",
+            "256",
             "--chunks",
-            "6",
+            "5",
             "--precision",
             precision,
             "--batch-size",
