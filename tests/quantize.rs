@@ -140,3 +140,74 @@ fn impossible_quantization_is_refused() {
     );
     run(&["--quantize", "int5"], "invalid value 'int5'");
 }
+
+#[test]
+fn int4_round_trip_on_real_weights_stays_within_half_a_step() {
+    use ppl::model::quantize::{int4_groups, int8_rows};
+    let g = ppl::model::GgufFile::open(&common::model()).unwrap();
+    let cpu = candle_core::Device::Cpu;
+    let real = |name: &str, shape: [usize; 2], rows: usize| -> Vec<f32> {
+        let w = g
+            .qtensor(name, &shape, &cpu)
+            .unwrap()
+            .dequantize(&cpu)
+            .unwrap();
+        w.narrow(0, 0, rows)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap()
+    };
+    // (tensor, stored type): two Q4_1 matrices and 2048 rows of the Q8_0 embedding table.
+    let tensors = [
+        ("blk.0.ffn_down.weight", [576usize, 1536], 576, "Q4_1"),
+        ("blk.17.attn_q.weight", [576, 576], 576, "Q4_1"),
+        ("token_embd.weight", [49152, 576], 2048, "Q8_0"),
+    ];
+    for (name, shape, rows, stored) in tensors {
+        let w = real(name, shape, rows);
+        let cols = shape[1];
+        let rms = |q: &[f32]| -> f64 {
+            let e: f64 = w.iter().zip(q).map(|(a, b)| ((a - b) as f64).powi(2)).sum();
+            let s: f64 = w.iter().map(|a| (*a as f64).powi(2)).sum();
+            (e / s).sqrt()
+        };
+        let mut errors = Vec::new();
+        for group in [32, 64, 128, 256] {
+            let q = int4_groups(&w, cols, group);
+            // Groups run along a row; a row of 576 ends with a shorter group for 128 and 256.
+            let groups = |v: &[f32]| -> Vec<Vec<f32>> {
+                v.chunks(cols)
+                    .flat_map(|r| r.chunks(group).map(<[f32]>::to_vec))
+                    .collect()
+            };
+            for (a, b) in groups(&w).iter().zip(groups(&q)) {
+                let (lo, hi) = a
+                    .iter()
+                    .fold((f32::INFINITY, f32::NEG_INFINITY), |(l, h), &v| {
+                        (l.min(v), h.max(v))
+                    });
+                let half_step = (hi - lo) / 30.0;
+                for (x, y) in a.iter().zip(b) {
+                    assert!(
+                        (x - y).abs() <= half_step * 1.0001 + 1e-7,
+                        "{name} g{group}"
+                    );
+                }
+            }
+            errors.push(rms(&q));
+        }
+        assert!(errors.windows(2).all(|e| e[0] < e[1]), "{name}: {errors:?}");
+        if stored == "Q4_1" {
+            // Q4_1 is itself 16 levels from min to max per 32 values: int4 with groups of
+            // 32 finds that grid again (up to f32 rounding), larger groups lose it.
+            assert!(errors[0] < 1e-6, "{name}: {errors:?}");
+            assert!(errors[1] > 0.02, "{name}: {errors:?}");
+        } else {
+            // 8-bit weights: a few percent at g32; int8 per row is well below that.
+            assert!(errors[0] > 0.01 && errors[0] < 0.12, "{name}: {errors:?}");
+            assert!(rms(&int8_rows(&w, cols)) < errors[0] / 4.0);
+        }
+    }
+}
