@@ -95,28 +95,21 @@ fn jsonl_a_directory_and_stdin_equal_the_text_file() {
 fn malformed_records_name_the_line_and_the_fix() {
     let dir = tempfile::tempdir().unwrap();
     let f = dir.path().join("d.jsonl");
-    std::fs::write(&f, "{\"text\": \"fine\"}\n{\"body\": \"no text field\"}\n").unwrap();
-    ppl_cmd()
-        .arg("eval")
-        .arg("--model")
-        .arg(common::model())
-        .arg("--data")
-        .arg(&f)
-        .assert()
-        .failure()
+    let eval_fails = |content: &str| {
+        std::fs::write(&f, content).unwrap();
+        ppl_cmd()
+            .arg("eval")
+            .arg("--model")
+            .arg(common::model())
+            .arg("--data")
+            .arg(&f)
+            .assert()
+            .failure()
+            .stderr(contains("panicked").not())
+    };
+    eval_fails("{\"text\": \"fine\"}\n{\"body\": \"no text field\"}\n")
         .stderr(contains("d.jsonl, line 2"))
         .stderr(contains("no field 'text' (the record has: body)"))
-        .stderr(contains("--text-field"))
-        .stderr(contains("panicked").not());
-    std::fs::write(&f, "{\"text\": \"fine\"\n").unwrap();
-    ppl_cmd()
-        .arg("eval")
-        .arg("--model")
-        .arg(common::model())
-        .arg("--data")
-        .arg(&f)
-        .assert()
-        .failure()
-        .stderr(contains("d.jsonl, line 1: not a JSON record"))
-        .stderr(contains("panicked").not());
+        .stderr(contains("--text-field"));
+    eval_fails("{\"text\": \"fine\"\n").stderr(contains("d.jsonl, line 1: not a JSON record"));
 }
