@@ -16,7 +16,7 @@ fn articles() -> Vec<String> {
     let text = std::fs::read_to_string(common::wikitext()).unwrap();
     let paragraphs: Vec<&str> = text
         .lines()
-        .filter(|l| l.len() > 300 && l.len() < 700)
+        .filter(|l| l.len() > 150 && l.len() < 300)
         .take(3)
         .collect();
     assert_eq!(paragraphs.len(), 3);
@@ -36,7 +36,7 @@ fn run(data: &Path, extra: &[&str], stdin: Option<&[u8]>) -> Results {
         .arg(common::model())
         .arg("--data")
         .arg(data)
-        .args(["--ctx", "64", "--progress", "none", "--quiet", "--output"])
+        .args(["--ctx", "32", "--progress", "none", "--quiet", "--output"])
         .arg(&out)
         .args(extra);
     if let Some(bytes) = stdin {

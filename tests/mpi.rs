@@ -48,7 +48,8 @@ fn eval_args(data: &std::path::Path, out: &std::path::Path, extra: &[&str]) -> V
 fn mpirun_world_sizes_give_the_single_process_bits() {
     let base = common::eval(&["--ctx", "256", "--chunks", "12", "--precision", "f32"]);
     let dir = tempfile::tempdir().unwrap();
-    for np in ["1", "2", "3"] {
+    // mpirun -np 1 is the single process itself; 2 and 3 ranks, both schedules.
+    for np in ["2", "3"] {
         for schedule in ["static", "dynamic"] {
             let out = dir.path().join(format!("r{np}{schedule}.json"));
             let st = mpirun()
