@@ -184,13 +184,15 @@ pub fn compare_rank(
     // Every rank learns whether every rank loaded, so none waits for a failed one.
     let mine = loaded
         .as_ref()
-        .map_or_else(|e| e.to_string(), |_| String::new());
+        .map_or_else(|e| format!("{}\n{e}", comm.host()), |_| String::new());
     for (rank, msg) in comm.all_gather(mine.into_bytes())?.iter().enumerate() {
         if !msg.is_empty() && loaded.is_ok() {
+            let msg = String::from_utf8_lossy(msg);
+            let (host, reason) = msg.split_once('\n').unwrap_or(("unknown host", &msg));
             return Err(EvalError::Comm(CommError::RankFailed {
                 rank,
-                host: "?".into(),
-                reason: String::from_utf8_lossy(msg).into_owned(),
+                host: host.to_string(),
+                reason: reason.to_string(),
             }));
         }
     }
