@@ -5,15 +5,27 @@ use sha2::{Digest, Sha256};
 use std::io::Read;
 use std::path::Path;
 
-/// Hex SHA-256 of a file, memoised per (path, size, mtime) for the life of the process
-/// (ranks of the `local` backend share one computation).
+/// Hex SHA-256 of a file (or of a Hugging Face checkpoint directory: its JSON and safetensors
+/// files, names and contents, in name order), memoised per (path, size, mtime) for the life
+/// of the process (ranks of the `local` backend share one computation).
 pub fn sha256_file_cached(path: &Path) -> std::io::Result<String> {
     use std::collections::HashMap;
     use std::sync::{Mutex, OnceLock};
     type Key = (std::path::PathBuf, u64, Option<std::time::SystemTime>);
     static MEMO: OnceLock<Mutex<HashMap<Key, String>>> = OnceLock::new();
     let meta = std::fs::metadata(path)?;
-    let key = (path.to_path_buf(), meta.len(), meta.modified().ok());
+    let key = if meta.is_dir() {
+        let mut len = 0;
+        let mut newest = meta.modified().ok();
+        for f in crate::model::hf::checkpoint_files(path)? {
+            let m = std::fs::metadata(&f)?;
+            len += m.len();
+            newest = newest.max(m.modified().ok());
+        }
+        (path.to_path_buf(), len, newest)
+    } else {
+        (path.to_path_buf(), meta.len(), meta.modified().ok())
+    };
     let memo = MEMO.get_or_init(Default::default);
     // Hash under the lock: concurrent ranks wait for one computation instead of repeating it.
     let mut m = memo.lock().unwrap_or_else(|e| e.into_inner());
@@ -25,8 +37,17 @@ pub fn sha256_file_cached(path: &Path) -> std::io::Result<String> {
     Ok(h)
 }
 
-/// Hex SHA-256 of a file, read in 1 MiB blocks (not mapped: hashing adds nothing to RSS).
+/// Hex SHA-256 of a file, read in 1 MiB blocks (not mapped: hashing adds nothing to RSS);
+/// for a checkpoint directory, of its files' names and hashes.
 pub fn sha256_file(path: &Path) -> std::io::Result<String> {
+    if path.is_dir() {
+        let mut h = Sha256::new();
+        for f in crate::model::hf::checkpoint_files(path)? {
+            let name = f.file_name().map(|n| n.to_string_lossy().into_owned());
+            h.update(format!("{}\0{}\0", name.unwrap_or_default(), sha256_file(&f)?).as_bytes());
+        }
+        return Ok(hex(&h.finalize()));
+    }
     let mut f = std::fs::File::open(path)?;
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];

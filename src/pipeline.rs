@@ -793,7 +793,7 @@ pub fn run_rank(
                     cfg.model.display()
                 ))
             })?,
-            file_bytes: setup.gguf.bytes().len() as u64,
+            file_bytes: setup.gguf.file_bytes(),
             architecture: mc.architecture.clone(),
             parameters: mc.parameters(),
             vocab_size: mc.vocab_size,

@@ -110,7 +110,7 @@ pub fn inspect(path: &Path) -> anyhow::Result<Inspection> {
     };
     Ok(Inspection {
         path: path.display().to_string(),
-        file_bytes: g.bytes().len() as u64,
+        file_bytes: g.file_bytes(),
         gguf_version: g.version,
         name: string("general.name"),
         supported,

@@ -891,7 +891,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 &args.output,
                 &crate::model::gguf_write::Conversion::Float(dtype),
             )?;
-            print_written(&args.output, &w, g.bytes().len() as u64);
+            print_written(&args.output, &w, g.file_bytes());
             Ok(ExitCode::SUCCESS)
         }
         Command::Quantize(args) => {
@@ -908,7 +908,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 &args.output,
                 &crate::model::gguf_write::Conversion::Quantize(q),
             )?;
-            print_written(&args.output, &w, g.bytes().len() as u64);
+            print_written(&args.output, &w, g.file_bytes());
             Ok(ExitCode::SUCCESS)
         }
         Command::FetchModel(args) => {

@@ -119,7 +119,7 @@ fn local_checks(args: &ValidateArgs, list: &mut Checklist) {
                 format!(
                     "{} ({}, GGUF v{})",
                     cfg.model.display(),
-                    memory::mib(g.bytes().len() as u64),
+                    memory::mib(g.file_bytes()),
                     g.version
                 ),
             );

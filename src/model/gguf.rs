@@ -35,6 +35,8 @@ pub enum GgufError {
     },
     #[error("{path} is corrupt: {detail}")]
     Corrupt { path: PathBuf, detail: String },
+    #[error("{path}: {detail}")]
+    Checkpoint { path: PathBuf, detail: String },
     #[error("{path}: tensor '{tensor}' has type {type_name} (ggml type {type_id}), which ppl cannot compute with; supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K; re-quantize the model to one of them")]
     UnsupportedType {
         path: PathBuf,
@@ -208,15 +210,49 @@ pub struct TensorInfo {
     pub shape: Vec<usize>,
     pub type_id: u32,
     pub dtype: GgmlDType,
-    /// Absolute byte offset of the data in the file.
+    /// Absolute byte offset of the data in its file.
     pub offset: u64,
     pub size: u64,
+    /// Which mapped file holds the data (0 for a GGUF file; a safetensors shard of a
+    /// Hugging Face checkpoint otherwise).
+    pub file: usize,
+    /// Rows to reorder on read: Hugging Face's rotary layout (each head's two halves) into
+    /// GGUF's (adjacent pairs), as llama.cpp's converter does for Llama-style Q and K.
+    pub permute: Option<RopePermute>,
 }
 
-/// A parsed, memory-mapped GGUF file.
+/// The row permutation llama.cpp's converter applies to Llama-style Q/K projections: within
+/// each head of `head_dim` rows, row `half * head_dim / 2 + i` moves to `2 * i + half`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RopePermute {
+    pub head_dim: usize,
+}
+
+impl RopePermute {
+    /// Reorders the rows of `bytes` (`row_bytes` each).
+    pub fn apply(&self, bytes: &[u8], row_bytes: usize) -> Vec<u8> {
+        let hd = self.head_dim;
+        let rows = bytes.len() / row_bytes;
+        let mut out = vec![0u8; bytes.len()];
+        for r in 0..rows {
+            let (head, within) = (r / hd, r % hd);
+            let (half, i) = (within / (hd / 2), within % (hd / 2));
+            let dst = head * hd + 2 * i + half;
+            out[dst * row_bytes..(dst + 1) * row_bytes]
+                .copy_from_slice(&bytes[r * row_bytes..(r + 1) * row_bytes]);
+        }
+        out
+    }
+}
+
+/// A parsed, memory-mapped GGUF file, or a Hugging Face checkpoint directory presented the
+/// same way (GGUF tensor names and metadata keys; see [`super::hf`]).
 pub struct GgufFile {
     path: PathBuf,
-    mmap: Mmap,
+    /// The mapped files: the GGUF file, or the checkpoint's safetensors shards.
+    maps: Vec<Mmap>,
+    /// For a Hugging Face checkpoint: its tokenizer files.
+    pub hf_tokenizer: Option<super::hf::HfTokenizerFiles>,
     pub version: u32,
     pub metadata: BTreeMap<String, Value>,
     pub tensors: BTreeMap<String, TensorInfo>,
@@ -353,7 +389,8 @@ const MAX_TENSORS: u64 = 1 << 20;
 const MAX_DIMS: u32 = 4;
 
 impl GgufFile {
-    /// Maps and parses `path`. Tensor data is not touched until [`GgufFile::qtensor`].
+    /// Maps and parses `path`: a GGUF file, or a Hugging Face checkpoint directory
+    /// (`config.json`, safetensors). Tensor data is not touched until it is read.
     pub fn open(path: &Path) -> Result<Self> {
         let open_err = |source| GgufError::Open {
             path: path.to_path_buf(),
@@ -362,7 +399,7 @@ impl GgufFile {
         let file = std::fs::File::open(path).map_err(open_err)?;
         let meta = file.metadata().map_err(open_err)?;
         if meta.is_dir() {
-            return Err(open_err(std::io::Error::other("it is a directory")));
+            return super::hf::open_dir(path);
         }
         // SAFETY: the map is read-only; ppl never writes the file while it is mapped. A file
         // changed by another process under us is outside what any mmap-based loader can guard.
@@ -510,12 +547,15 @@ impl GgufFile {
                     dtype,
                     offset,
                     size,
+                    file: 0,
+                    permute: None,
                 },
             );
         }
         Ok(Self {
             path: path.to_path_buf(),
-            mmap,
+            maps: vec![mmap],
+            hf_tokenizer: None,
             version,
             metadata,
             tensors,
@@ -526,9 +566,32 @@ impl GgufFile {
         &self.path
     }
 
-    /// The whole mapped file (for fingerprinting without a second read).
-    pub fn bytes(&self) -> &[u8] {
-        &self.mmap
+    /// Assembles a model from parts already parsed (a Hugging Face checkpoint).
+    pub(crate) fn from_parts(
+        path: &Path,
+        maps: Vec<Mmap>,
+        metadata: BTreeMap<String, Value>,
+        tensors: BTreeMap<String, TensorInfo>,
+        hf_tokenizer: Option<super::hf::HfTokenizerFiles>,
+    ) -> Self {
+        Self {
+            path: path.to_path_buf(),
+            maps,
+            hf_tokenizer,
+            version: 3,
+            metadata,
+            tensors,
+        }
+    }
+
+    /// Bytes of the mapped files (the model's size on disk).
+    pub fn file_bytes(&self) -> u64 {
+        self.maps.iter().map(|m| m.len() as u64).sum()
+    }
+
+    /// Whether this is a Hugging Face checkpoint directory rather than a GGUF file.
+    pub fn is_hf(&self) -> bool {
+        self.hf_tokenizer.is_some()
     }
 
     pub fn get(&self, key: &str) -> Option<&Value> {
@@ -627,8 +690,13 @@ impl GgufFile {
             })
     }
 
-    /// The raw bytes of a tensor, after checking its shape.
-    pub fn tensor_data(&self, name: &str, expected: &[usize]) -> Result<(&TensorInfo, &[u8])> {
+    /// The raw bytes of a tensor, after checking its shape (borrowed from the map, or
+    /// reordered for a checkpoint whose Q/K rows need [`RopePermute`]).
+    pub fn tensor_data(
+        &self,
+        name: &str,
+        expected: &[usize],
+    ) -> Result<(&TensorInfo, std::borrow::Cow<'_, [u8]>)> {
         let info = self.tensor_info(name, "the model's architecture requires it")?;
         if info.shape != expected {
             return Err(GgufError::Shape {
@@ -638,9 +706,16 @@ impl GgufFile {
                 expected: expected.to_vec(),
             });
         }
+        let bytes = &self.maps[info.file][info.offset as usize..(info.offset + info.size) as usize];
         Ok((
             info,
-            &self.mmap[info.offset as usize..(info.offset + info.size) as usize],
+            match info.permute {
+                None => std::borrow::Cow::Borrowed(bytes),
+                Some(p) => {
+                    let rows = info.shape[0].max(1);
+                    std::borrow::Cow::Owned(p.apply(bytes, bytes.len() / rows))
+                }
+            },
         ))
     }
 
@@ -650,7 +725,7 @@ impl GgufFile {
         // SAFETY: a read-only file mapping; a later read faults the pages back in from the file.
         #[cfg(unix)]
         unsafe {
-            let _ = self.mmap.unchecked_advise_range(
+            let _ = self.maps[info.file].unchecked_advise_range(
                 memmap2::UncheckedAdvice::DontNeed,
                 info.offset as usize,
                 info.size as usize,
@@ -666,8 +741,7 @@ impl GgufFile {
             name: name.to_string(),
             source: Box::new(source),
         };
-        let storage = QStorage::from_data(std::borrow::Cow::Borrowed(data), device, info.dtype)
-            .map_err(candle_err)?;
+        let storage = QStorage::from_data(data, device, info.dtype).map_err(candle_err)?;
         self.release(info);
         QTensor::new(storage, info.shape.as_slice()).map_err(candle_err)
     }

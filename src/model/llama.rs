@@ -1,5 +1,12 @@
 //! The Llama family (Llama 2/3, SmolLM, TinyLlama, …): RoPE, grouped-query attention, RMSNorm,
-//! SwiGLU, tied or separate output embedding. Hyper-parameters come from GGUF metadata.
+//! SwiGLU, tied or separate output embedding. Hyper-parameters come from GGUF metadata (or a
+//! Hugging Face `config.json`, see [`super::hf`]).
+//!
+//! The close relatives are the same blocks with one difference each, selected by
+//! [`LlamaConfig`]:
+//! - **Mistral**: sliding-window attention (a position sees the last `sliding_window` ones).
+//! - **Qwen2/2.5**: biases on the Q, K and V projections; NeoX-style rotation (halves).
+//! - **Qwen3**: RMSNorm of each Q and K head before the rotation; NeoX-style rotation.
 //!
 //! Unlike candle-transformers' quantized Llama, this forward pass keeps every position: it
 //! returns the final hidden states of a batch of windows, and [`Llama::logits`] projects any
@@ -22,7 +29,7 @@ use super::{ModelError, Precision};
 type Result<T> = std::result::Result<T, ModelError>;
 
 /// Architectures this file implements (GGUF `general.architecture`).
-pub const SUPPORTED_ARCHITECTURES: &str = "llama";
+pub const SUPPORTED_ARCHITECTURES: &str = "llama, mistral, qwen2, qwen3";
 
 /// Hyper-parameters, read from `{arch}.*` metadata.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -40,6 +47,17 @@ pub struct LlamaConfig {
     pub rope_theta: f64,
     pub rope_dim: usize,
     pub tied_embeddings: bool,
+    /// Rotation of each head's two halves (NeoX, Qwen) rather than of adjacent pairs
+    /// (Llama as GGUF stores it).
+    pub rope_neox: bool,
+    /// Biases on the Q, K and V projections (Qwen2).
+    pub attn_bias: bool,
+    /// A bias on the attention output projection (Llama with `attention_bias`).
+    pub attn_output_bias: bool,
+    /// RMSNorm of each Q and K head before the rotation (Qwen3).
+    pub qk_norm: bool,
+    /// Positions a token attends to, itself included (Mistral); `None`: all before it.
+    pub sliding_window: Option<usize>,
 }
 
 impl LlamaConfig {
@@ -47,7 +65,7 @@ impl LlamaConfig {
         let arch = g
             .get_str("general.architecture", "which architecture the model has")?
             .to_string();
-        if arch != "llama" {
+        if !["llama", "mistral", "qwen2", "qwen3"].contains(&arch.as_str()) {
             return Err(ModelError::UnsupportedArchitecture {
                 path: g.path().to_path_buf(),
                 arch,
@@ -102,7 +120,20 @@ impl LlamaConfig {
             Some(_) => g.get_f64(&key("rope.freq_base"), purpose)?,
             None => 10_000.0,
         };
+        let sliding_window = match g.get(&key("attention.sliding_window")) {
+            Some(_) if arch == "mistral" => Some(get("attention.sliding_window")?),
+            _ => None,
+        };
+        if sliding_window == Some(0) {
+            return Err(invalid("a sliding window of 0 positions".into()));
+        }
+        let has = |n: &str| g.tensors.contains_key(n);
         Ok(Self {
+            rope_neox: matches!(arch.as_str(), "qwen2" | "qwen3"),
+            attn_bias: has("blk.0.attn_q.bias"),
+            attn_output_bias: has("blk.0.attn_output.bias"),
+            qk_norm: has("blk.0.attn_q_norm.weight"),
+            sliding_window,
             vocab_size,
             hidden_size,
             intermediate_size: get("feed_forward_length")?,
@@ -125,7 +156,15 @@ impl LlamaConfig {
         let q = (self.n_heads * self.head_dim) as u64;
         let kv = (self.n_kv_heads * self.head_dim) as u64;
         let ff = self.intermediate_size as u64;
-        let per_layer = d * q + 2 * d * kv + q * d + 3 * d * ff + 2 * d;
+        let hd = self.head_dim as u64;
+        let per_layer = d * q
+            + 2 * d * kv
+            + q * d
+            + 3 * d * ff
+            + 2 * d
+            + if self.attn_bias { q + 2 * kv } else { 0 }
+            + if self.attn_output_bias { d } else { 0 }
+            + if self.qk_norm { 2 * hd } else { 0 };
         let embed = self.vocab_size as u64 * d;
         embed * if self.tied_embeddings { 1 } else { 2 } + per_layer * self.n_layers as u64 + d
     }
@@ -354,10 +393,28 @@ struct Attention {
     wk: Linear,
     wv: Linear,
     wo: Linear,
+    /// Q/K/V biases (Qwen2), this rank's rows.
+    bq: Option<Tensor>,
+    bk: Option<Tensor>,
+    bv: Option<Tensor>,
+    /// Output bias: added by one tensor-parallel rank only (the others' partial sums must
+    /// not carry it again).
+    bo: Option<Tensor>,
+    /// Per-head RMSNorm of Q and K (Qwen3).
+    q_norm: Option<RmsNorm>,
+    k_norm: Option<RmsNorm>,
     /// Heads held by this rank (all of them without tensor parallelism).
     n_heads: usize,
     n_kv_heads: usize,
     head_dim: usize,
+}
+
+/// `y + bias` broadcast over the rows, in `y`'s dtype.
+fn add_bias(y: Tensor, bias: &Option<Tensor>) -> Result<Tensor> {
+    Ok(match bias {
+        Some(b) => y.broadcast_add(&b.to_dtype(y.dtype())?)?,
+        None => y,
+    })
 }
 
 impl Attention {
@@ -368,9 +425,17 @@ impl Attention {
                 .transpose(1, 2)?
                 .contiguous()?)
         };
-        let q = rope.apply(&heads(self.wq.forward(x)?, self.n_heads)?)?;
-        let k = rope.apply(&heads(self.wk.forward(x)?, self.n_kv_heads)?)?;
-        let v = heads(self.wv.forward(x)?, self.n_kv_heads)?;
+        let norm = |y: Tensor, n: &Option<RmsNorm>| -> Result<Tensor> {
+            match n {
+                Some(n) => n.forward(&y),
+                None => Ok(y),
+            }
+        };
+        let q = heads(add_bias(self.wq.forward(x)?, &self.bq)?, self.n_heads)?;
+        let k = heads(add_bias(self.wk.forward(x)?, &self.bk)?, self.n_kv_heads)?;
+        let q = rope.apply(&norm(q, &self.q_norm)?)?;
+        let k = rope.apply(&norm(k, &self.k_norm)?)?;
+        let v = heads(add_bias(self.wv.forward(x)?, &self.bv)?, self.n_kv_heads)?;
         let (k, v) = (self.repeat_kv(k)?, self.repeat_kv(v)?);
         let scale = 1.0 / (self.head_dim as f64).sqrt();
         let scores = (q.matmul(&k.t()?)? * scale)?;
@@ -383,7 +448,7 @@ impl Attention {
             .matmul(&v)?
             .transpose(1, 2)?
             .reshape((b, t, self.n_heads * self.head_dim))?;
-        self.wo.forward(&y)
+        add_bias(self.wo.forward(&y)?, &self.bo)
     }
 
     /// Grouped-query attention: each KV head serves `n_heads / n_kv_heads` query heads.
@@ -430,34 +495,66 @@ impl Block {
         quant: Option<&Quantize>,
     ) -> Result<Self> {
         let specs = shard::block_specs(c, i, part);
-        let lin = |k: usize| match quant {
-            Some(q) => {
-                let site = Site {
-                    name: &specs[k].name,
-                    n_layers: c.n_layers,
-                    output: false,
-                };
-                Linear::quantized(&tensors[k], &site, precision, q)
-            }
-            None => Linear::from_raw(&tensors[k], &specs[k].name, precision),
+        let index = |short: &str| {
+            let name = format!("blk.{i}.{short}");
+            specs.iter().position(|s| s.name == name)
         };
-        let norm = |k: usize| RmsNorm::from_raw(&tensors[k], &specs[k].name, c.rms_norm_eps);
+        let at = |short: &str| index(short).expect("block_specs lists every tensor Block reads");
+        let lin = |short: &str| {
+            let k = at(short);
+            match quant {
+                Some(q) => {
+                    let site = Site {
+                        name: &specs[k].name,
+                        n_layers: c.n_layers,
+                        output: false,
+                    };
+                    Linear::quantized(&tensors[k], &site, precision, q)
+                }
+                None => Linear::from_raw(&tensors[k], &specs[k].name, precision),
+            }
+        };
+        let norm = |short: &str| {
+            let k = at(short);
+            RmsNorm::from_raw(&tensors[k], &specs[k].name, c.rms_norm_eps)
+        };
+        let vector = |short: &str| -> Result<Option<Tensor>> {
+            match index(short) {
+                Some(k) => Ok(Some(
+                    qtensor(&tensors[k], &specs[k].name)?.dequantize(&Device::Cpu)?,
+                )),
+                None => Ok(None),
+            }
+        };
+        let optional_norm = |short: &str| -> Result<Option<RmsNorm>> {
+            index(short).map(|_| norm(short)).transpose()
+        };
         Ok(Self {
-            attn_norm: norm(0)?,
+            attn_norm: norm("attn_norm.weight")?,
             attn: Attention {
-                wq: lin(1)?,
-                wk: lin(2)?,
-                wv: lin(3)?,
-                wo: lin(4)?,
+                wq: lin("attn_q.weight")?,
+                wk: lin("attn_k.weight")?,
+                wv: lin("attn_v.weight")?,
+                wo: lin("attn_output.weight")?,
+                bq: vector("attn_q.bias")?,
+                bk: vector("attn_k.bias")?,
+                bv: vector("attn_v.bias")?,
+                bo: if part.tp_rank == 0 {
+                    vector("attn_output.bias")?
+                } else {
+                    None
+                },
+                q_norm: optional_norm("attn_q_norm.weight")?,
+                k_norm: optional_norm("attn_k_norm.weight")?,
                 n_heads: part.tp_range(c.n_heads).len(),
                 n_kv_heads: part.tp_range(c.n_kv_heads).len(),
                 head_dim: c.head_dim,
             },
-            ffn_norm: norm(5)?,
+            ffn_norm: norm("ffn_norm.weight")?,
             mlp: Mlp {
-                gate: lin(6)?,
-                up: lin(7)?,
-                down: lin(8)?,
+                gate: lin("ffn_gate.weight")?,
+                up: lin("ffn_up.weight")?,
+                down: lin("ffn_down.weight")?,
             },
         })
     }
@@ -470,6 +567,16 @@ impl Block {
             .map(|l| l.bytes())
             .sum::<u64>()
             + 2 * self.attn_norm.weight.elem_count() as u64 * 4
+            + [&a.bq, &a.bk, &a.bv, &a.bo]
+                .iter()
+                .filter_map(|b| b.as_ref())
+                .map(|b| b.elem_count() as u64 * 4)
+                .sum::<u64>()
+            + [&a.q_norm, &a.k_norm]
+                .iter()
+                .filter_map(|n| n.as_ref())
+                .map(|n| n.weight.elem_count() as u64 * 4)
+                .sum::<u64>()
     }
 
     /// The residual block; under tensor parallelism each branch's partial output is summed
@@ -488,11 +595,12 @@ enum Layer {
     Sharded(LayerShard),
 }
 
-/// Rotary position embedding on adjacent pairs (llama.cpp's "normal" RoPE; GGUF stores Q/K
-/// rows permuted for it).
+/// Rotary position embedding: on adjacent pairs (llama.cpp's "normal" RoPE; GGUF stores
+/// Llama's Q/K rows permuted for it) or on the two halves of each head (NeoX, Qwen).
 struct Rope {
     cos: Tensor,
     sin: Tensor,
+    neox: bool,
 }
 
 impl Rope {
@@ -516,16 +624,19 @@ impl Rope {
         Ok(Self {
             cos: angles.cos()?,
             sin: angles.sin()?,
+            neox: c.rope_neox,
         })
     }
 
     fn apply(&self, x: &Tensor) -> Result<Tensor> {
         let t = x.dim(2)?;
-        Ok(candle_nn::rotary_emb::rope_i(
-            x,
-            &self.cos.narrow(0, 0, t)?.to_dtype(x.dtype())?,
-            &self.sin.narrow(0, 0, t)?.to_dtype(x.dtype())?,
-        )?)
+        let cos = self.cos.narrow(0, 0, t)?.to_dtype(x.dtype())?;
+        let sin = self.sin.narrow(0, 0, t)?.to_dtype(x.dtype())?;
+        Ok(if self.neox {
+            candle_nn::rotary_emb::rope(x, &cos, &sin)?
+        } else {
+            candle_nn::rotary_emb::rope_i(x, &cos, &sin)?
+        })
     }
 }
 
@@ -788,7 +899,7 @@ impl Llama {
     /// the gathers so that the other ranks of the shard group can run theirs).
     pub fn run_layers(&self, x: Option<Tensor>, cc: &Collectives) -> Result<Option<Tensor>> {
         let mask = match &x {
-            Some(x) => Some(causal_mask(x.dim(1)?)?),
+            Some(x) => Some(causal_mask(x.dim(1)?, self.config.sliding_window)?),
             None => None,
         };
         let mut x = x;
@@ -874,10 +985,20 @@ fn release(g: &GgufFile, _copied: &RawTensor<'_>, name: &str) {
     }
 }
 
-/// `[t, t]` additive mask: 0 on and below the diagonal, -inf above.
-fn causal_mask(t: usize) -> Result<Tensor> {
+/// `[t, t]` additive mask: 0 where position `i` sees position `j` (`j <= i`, and within the
+/// last `window` positions when there is one), -inf elsewhere.
+fn causal_mask(t: usize, window: Option<usize>) -> Result<Tensor> {
+    let w = window.unwrap_or(usize::MAX);
     let mask: Vec<f32> = (0..t)
-        .flat_map(|i| (0..t).map(move |j| if j > i { f32::NEG_INFINITY } else { 0.0 }))
+        .flat_map(|i| {
+            (0..t).map(move |j| {
+                if j > i || i - j >= w {
+                    f32::NEG_INFINITY
+                } else {
+                    0.0
+                }
+            })
+        })
         .collect();
     Ok(Tensor::from_vec(mask, (t, t), &Device::Cpu)?)
 }

@@ -10,6 +10,7 @@
 pub mod fetch;
 pub mod gguf;
 pub mod gguf_write;
+pub mod hf;
 pub mod kernels;
 pub mod llama;
 pub mod memory;

@@ -127,7 +127,7 @@ pub fn read<'g>(g: &'g GgufFile, spec: &TensorSpec) -> Result<RawTensor<'g>> {
         return Ok(RawTensor {
             dtype: info.dtype,
             shape: spec.shape.clone(),
-            bytes: Cow::Borrowed(bytes),
+            bytes,
         });
     }
     let cols = spec.shape.get(1).copied().unwrap_or(1);
@@ -245,17 +245,37 @@ pub fn block_specs(c: &LlamaConfig, i: usize, part: &Partition) -> Vec<TensorSpe
         rows,
         cols,
     };
-    vec![
+    let mut specs = vec![
         TensorSpec::whole(name("attn_norm"), &[d]),
         spec("attn_q", [q, d], q_rows.clone(), 0..d),
         spec("attn_k", [kv, d], kv_rows.clone(), 0..d),
-        spec("attn_v", [kv, d], kv_rows, 0..d),
-        spec("attn_output", [d, q], 0..d, q_rows),
+        spec("attn_v", [kv, d], kv_rows.clone(), 0..d),
+        spec("attn_output", [d, q], 0..d, q_rows.clone()),
         TensorSpec::whole(name("ffn_norm"), &[d]),
         spec("ffn_gate", [ff, d], ff_part.clone(), 0..d),
         spec("ffn_up", [ff, d], ff_part.clone(), 0..d),
         spec("ffn_down", [d, ff], 0..d, ff_part),
-    ]
+    ];
+    // Biases follow their projection's output rows; norms of a head are whole everywhere.
+    let vector = |n: &str, len: usize, rows: Range<usize>| TensorSpec {
+        name: format!("blk.{i}.{n}"),
+        shape: vec![len],
+        rows,
+        cols: 0..1,
+    };
+    if c.attn_bias {
+        specs.push(vector("attn_q.bias", q, q_rows));
+        specs.push(vector("attn_k.bias", kv, kv_rows.clone()));
+        specs.push(vector("attn_v.bias", kv, kv_rows));
+    }
+    if c.attn_output_bias {
+        specs.push(vector("attn_output.bias", d, 0..d));
+    }
+    if c.qk_norm {
+        specs.push(TensorSpec::whole(name("attn_q_norm"), &[hd]));
+        specs.push(TensorSpec::whole(name("attn_k_norm"), &[hd]));
+    }
+    specs
 }
 
 /// One tensor's place in a layer's concatenated bytes.

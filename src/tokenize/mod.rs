@@ -6,6 +6,9 @@
 //! - `llama` vocabularies (SentencePiece): llama.cpp's score-driven bigram merge with byte
 //!   fallback, in [`spm`].
 //!
+//! A Hugging Face checkpoint's `tokenizer.json` is loaded by the `tokenizers` crate as it is
+//! ([`Tokenizer::from_hf`]), with BOS as its post-processor or `tokenizer_config.json` adds it.
+//!
 //! As in llama.cpp, user-defined tokens (token type 4) are split out of the text before the
 //! model sees it, even though special (control) tokens are not parsed.
 
@@ -50,7 +53,8 @@ pub enum TokenizeError {
 type Result<T> = std::result::Result<T, TokenizeError>;
 
 enum Model {
-    Bpe(Box<tokenizers::Tokenizer>),
+    /// A `tokenizers` pipeline: byte-level BPE from GGUF, or a checkpoint's tokenizer.json.
+    Tokenizers(Box<tokenizers::Tokenizer>),
     Spm(Box<spm::SpmModel>),
 }
 
@@ -104,7 +108,11 @@ pub fn bpe_pre_tokenizer(pre: &str) -> Option<PreTokenizerWrapper> {
 }
 
 impl Tokenizer {
+    /// The model's tokenizer: from GGUF metadata, or a checkpoint's `tokenizer.json`.
     pub fn from_gguf(g: &GgufFile) -> Result<Self> {
+        if let Some(files) = &g.hf_tokenizer {
+            return Self::from_hf(g.path(), files);
+        }
         let purpose = "a tokenizer (tokenizer.ggml.*); convert the model with its tokenizer";
         let kind = g.get_str("tokenizer.ggml.model", purpose)?.to_string();
         let tokens = g.get_str_array("tokenizer.ggml.tokens", purpose)?;
@@ -192,7 +200,7 @@ impl Tokenizer {
                 let mut tok = tokenizers::Tokenizer::new(bpe);
                 tok.with_pre_tokenizer(Some(pre_tok));
                 tok.with_decoder(Some(ByteLevel::default()));
-                (Model::Bpe(Box::new(tok)), Some(pre), false, false)
+                (Model::Tokenizers(Box::new(tok)), Some(pre), false, false)
             }
             "llama" => {
                 let scores = g.get_num_array("tokenizer.ggml.scores", purpose)?;
@@ -260,6 +268,94 @@ impl Tokenizer {
         })
     }
 
+    /// A Hugging Face checkpoint's tokenizer (`tokenizer.json`, and `tokenizer_config.json`
+    /// for BOS when the post-processor does not add it).
+    pub fn from_hf(
+        dir: &std::path::Path,
+        files: &crate::model::hf::HfTokenizerFiles,
+    ) -> Result<Self> {
+        let path = files.tokenizer_json.as_ref().ok_or_else(|| TokenizeError::Invalid {
+            path: dir.to_path_buf(),
+            detail: "no tokenizer.json; ppl reads Hugging Face tokenizers in that format (write one with AutoTokenizer.from_pretrained(...).save_pretrained(dir))".into(),
+        })?;
+        let invalid = |p: &std::path::Path, detail: String| TokenizeError::Invalid {
+            path: p.to_path_buf(),
+            detail,
+        };
+        let bytes = std::fs::read(path).map_err(|e| invalid(path, e.to_string()))?;
+        let tok = tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| {
+            invalid(
+                path,
+                format!("not a tokenizer.json the tokenizers crate reads: {e}"),
+            )
+        })?;
+        let config: serde_json::Value = match &files.tokenizer_config {
+            Some(p) => {
+                let text = std::fs::read_to_string(p).map_err(|e| invalid(p, e.to_string()))?;
+                serde_json::from_str(&text)
+                    .map_err(|e| invalid(p, format!("not valid JSON: {e}")))?
+            }
+            None => serde_json::Value::Null,
+        };
+        let special = |key: &str| -> Option<u32> {
+            let v = config.get(key)?;
+            let text = v
+                .as_str()
+                .or_else(|| v.get("content").and_then(|c| c.as_str()))?;
+            tok.token_to_id(text)
+        };
+        // What the post-processor adds in front (BOS for Llama's tokenizer.json).
+        let probe = |special: bool| {
+            tok.encode_fast("a", special)
+                .map(|e| e.get_ids().to_vec())
+                .map_err(|e| TokenizeError::Encode(e.to_string()))
+        };
+        let (with, without) = (probe(true)?, probe(false)?);
+        let prefix = (with.len() > without.len() && with.ends_with(&without)).then(|| with[0]);
+        let (add_bos, bos_id) = match prefix {
+            Some(id) => (true, Some(id)),
+            None => {
+                let bos = special("bos_token");
+                let add = config.get("add_bos_token").and_then(|v| v.as_bool()) == Some(true);
+                if add && bos.is_none() {
+                    return Err(invalid(
+                        files.tokenizer_config.as_deref().unwrap_or(dir),
+                        "add_bos_token is true but bos_token is not in the vocabulary".into(),
+                    ));
+                }
+                (add, bos)
+            }
+        };
+        let eos_id = special("eos_token");
+        let kind = match serde_json::from_slice::<serde_json::Value>(&bytes)
+            .ok()
+            .and_then(|j| j.get("model")?.get("type")?.as_str().map(str::to_string))
+        {
+            Some(t) => format!("tokenizer.json ({t})"),
+            None => "tokenizer.json".into(),
+        };
+        let fingerprint = {
+            use sha2::{Digest, Sha256};
+            let mut h = Sha256::new();
+            h.update(format!("hf\0{add_bos}\0{bos_id:?}\0").as_bytes());
+            h.update(&bytes);
+            crate::fingerprint::hex(&h.finalize())
+        };
+        // `encode` adds BOS itself: the plain encoding must not add it again.
+        Ok(Self {
+            vocab_size: tok.get_vocab_size(true),
+            model: Model::Tokenizers(Box::new(tok)),
+            user_defined: Vec::new(),
+            add_space_prefix: false,
+            bos_id,
+            eos_id,
+            add_bos,
+            kind,
+            pre: None,
+            fingerprint,
+        })
+    }
+
     /// Token ids of `text`, with BOS first when the vocabulary asks for it
     /// (llama.cpp's `add_special = true`). Special tokens in the text are not parsed.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
@@ -275,7 +371,7 @@ impl Tokenizer {
     /// (`▁` as space, `<0xXX>` as bytes), invalid UTF-8 replaced.
     pub fn decode(&self, ids: &[u32]) -> String {
         match &self.model {
-            Model::Bpe(tok) => tok.decode(ids, false).unwrap_or_default(),
+            Model::Tokenizers(tok) => tok.decode(ids, false).unwrap_or_default(),
             Model::Spm(spm) => spm.decode(ids),
         }
     }
@@ -292,7 +388,7 @@ impl Tokenizer {
                 }
                 Fragment::Text(t) => {
                     match &self.model {
-                        Model::Bpe(tok) => {
+                        Model::Tokenizers(tok) => {
                             let enc = tok
                                 .encode_fast(t, false)
                                 .map_err(|e| TokenizeError::Encode(e.to_string()))?;

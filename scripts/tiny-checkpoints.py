@@ -1,0 +1,76 @@
+#!/usr/bin/env python3
+"""Writes the tiny random Hugging Face checkpoints in tests/fixtures/tiny/ and the logits
+`transformers` computes for them (the reference tests/hf.rs checks ppl against).
+
+Each checkpoint exercises what its architecture adds to Llama: Llama itself (Q/K rows that
+ppl reorders for its rotary layout), Mistral (a sliding window shorter than the sequence),
+Qwen2 (Q/K/V biases), Qwen3 (per-head Q/K RMSNorm, a head size that is not hidden/heads,
+an untied output layer). Weights are drawn wide (norm weights and biases too) so that the
+logits are far from uniform; the reference runs in float64.
+
+Needs torch and transformers (pip install torch transformers); run from the repository root:
+    python3 scripts/tiny-checkpoints.py
+"""
+
+import json
+import pathlib
+
+import torch
+import transformers
+
+OUT = pathlib.Path("tests/fixtures/tiny")
+IDS = [[1, 17, 99, 42, 3, 64, 127, 5, 88, 23, 23, 23, 70, 11, 0, 45, 100, 2, 9, 31, 77, 54, 120, 8]]
+
+COMMON = dict(
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+    rms_norm_eps=1e-6,
+    rope_theta=10000.0,
+)
+
+MODELS = {
+    "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM,
+              dict(tie_word_embeddings=True)),
+    "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM,
+                dict(sliding_window=8, tie_word_embeddings=False, head_dim=16)),
+    "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM,
+              dict(tie_word_embeddings=True, use_sliding_window=False)),
+    "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM,
+              dict(tie_word_embeddings=False, head_dim=32)),
+}
+
+
+def main():
+    for name, (config_cls, model_cls, extra) in MODELS.items():
+        torch.manual_seed(sum(map(ord, name)))
+        config = config_cls(**COMMON, **extra)
+        config._attn_implementation = "eager"
+        model = model_cls(config).to(torch.float32).eval()
+        with torch.no_grad():
+            for pname, p in model.named_parameters():
+                if pname.endswith("norm.weight"):
+                    p.copy_(1.0 + 0.3 * torch.randn_like(p))
+                else:
+                    p.copy_(0.3 * torch.randn_like(p))
+        out = OUT / name
+        out.mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(out, safe_serialization=True)
+        model = model.to(torch.float64)
+        with torch.no_grad():
+            logits = model(torch.tensor(IDS)).logits[0]
+        (out / "expected.json").write_text(json.dumps({
+            "ids": IDS[0],
+            "logits": [[round(float(x), 10) for x in row] for row in logits],
+            "transformers": transformers.__version__,
+            "torch": torch.__version__,
+        }))
+        print(f"{out}: {sum(p.numel() for p in model.parameters())} parameters")
+
+
+if __name__ == "__main__":
+    main()
