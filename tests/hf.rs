@@ -1,8 +1,16 @@
 //! Hugging Face checkpoints: tiny random Llama, Mistral, Qwen2 and Qwen3 models (written by
 //! `scripts/tiny-checkpoints.py` with `transformers`, committed under tests/fixtures/tiny)
-//! must give `transformers`' logits (computed there in float64) within 1e-4.
+//! must give `transformers`' logits (computed there in float64) within 1e-4. SmolLM2 exported as a
+//! sharded safetensors checkpoint evaluates to the GGUF's f32 numbers bit for bit, alone and
+//! under tensor parallelism, with the same token ids from its tokenizer.json.
 
-use std::path::PathBuf;
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{assert_same_numbers, ppl_cmd};
+use ppl::report::Results;
+use predicates::str::contains;
 
 use candle_core::{Device, Tensor};
 use ppl::model::{GgufFile, Llama, Precision};
@@ -114,4 +122,170 @@ fn qwen3_matches_transformers_with_qk_norms() {
     assert!(m.config.qk_norm && !m.config.attn_bias);
     assert_eq!(m.config.head_dim, 32);
     assert_ne!(m.config.head_dim * m.config.n_heads, m.config.hidden_size);
+}
+
+fn eval_model(model: &Path, extra: &[&str]) -> Results {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("r.json");
+    ppl_cmd()
+        .arg("eval")
+        .arg("--model")
+        .arg(model)
+        .arg("--data")
+        .arg(common::wikitext())
+        .args(["--ctx", "128", "--chunks", "3"])
+        .args(extra)
+        .args(["--progress", "none", "--quiet", "--output"])
+        .arg(&out)
+        .assert()
+        .success();
+    serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap()
+}
+
+fn tokenize(model: &Path, file: &Path) -> String {
+    let out = ppl_cmd()
+        .arg("tokenize")
+        .arg("--model")
+        .arg(model)
+        .arg("--file")
+        .arg(file)
+        .assert()
+        .success();
+    String::from_utf8(out.get_output().stdout.clone()).unwrap()
+}
+
+#[test]
+fn a_safetensors_export_of_smollm2_evaluates_to_the_gguf_f32_numbers() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("smollm2-hf");
+    // 515 MiB of f32 in shards of at most 200 MiB: three files and an index.
+    ppl_cmd()
+        .arg("export")
+        .arg(common::model())
+        .args([
+            "--dtype",
+            "f32",
+            "--format",
+            "safetensors",
+            "--shard-size",
+            "200",
+            "-o",
+        ])
+        .arg(&dir)
+        .assert()
+        .success()
+        .stdout(contains("272 tensors"));
+    for f in [
+        "config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "model.safetensors.index.json",
+        "model-00001-of-00003.safetensors",
+        "model-00003-of-00003.safetensors",
+    ] {
+        assert!(dir.join(f).is_file(), "{f} missing");
+    }
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    assert_eq!(config["model_type"], "llama");
+    assert_eq!(config["num_key_value_heads"], 3);
+    assert_eq!(config["tie_word_embeddings"], true);
+
+    // The same ids from tokenizer.json as from the GGUF vocabulary.
+    let text = tmp.path().join("excerpt.txt");
+    let raw = std::fs::read_to_string(common::wikitext()).unwrap();
+    std::fs::write(&text, &raw[..raw.char_indices().nth(20_000).unwrap().0]).unwrap();
+    let (a, b) = (tokenize(&common::model(), &text), tokenize(&dir, &text));
+    assert!(a.len() > 1000);
+    assert_eq!(a, b);
+
+    // The checkpoint's numbers = the GGUF dequantized to f32, bit for bit.
+    let gguf = eval_model(&common::model(), &["--precision", "f32"]);
+    let hf = eval_model(&dir, &[]);
+    assert_same_numbers(&gguf, &hf);
+    assert!(hf.model.sha256 != gguf.model.sha256);
+    // Tensor parallelism reads each rank's rows of the (permuted) Q/K out of the shards.
+    let tp_gguf = eval_model(
+        &common::model(),
+        &["--precision", "f32", "--ranks", "3", "--tp", "3"],
+    );
+    let tp_hf = eval_model(&dir, &["--ranks", "3", "--tp", "3"]);
+    assert_same_numbers(&tp_gguf, &tp_hf);
+
+    // Exporting into a directory that holds files is refused, and leaves it alone.
+    ppl_cmd()
+        .arg("export")
+        .arg(common::model())
+        .args(["--dtype", "bf16", "--format", "safetensors", "-o"])
+        .arg(&dir)
+        .assert()
+        .failure()
+        .stderr(contains("already exists"));
+    assert!(dir.join("model-00002-of-00003.safetensors").is_file());
+}
+
+fn copy_fixture(name: &str, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(fixture(name)).unwrap() {
+        let p = e.unwrap().path();
+        std::fs::copy(&p, to.join(p.file_name().unwrap())).unwrap();
+    }
+}
+
+#[test]
+fn broken_checkpoints_are_named_with_the_fix() {
+    let tmp = tempfile::tempdir().unwrap();
+    let inspect = |dir: &Path| {
+        ppl_cmd()
+            .arg("inspect")
+            .arg(dir)
+            .assert()
+            .failure()
+            .get_output()
+            .stderr
+            .clone()
+    };
+    let text = |b: Vec<u8>| String::from_utf8(b).unwrap();
+
+    let empty = tmp.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    assert!(text(inspect(&empty)).contains("no config.json"));
+
+    let other = tmp.path().join("gpt2");
+    copy_fixture("llama", &other);
+    let cfg = std::fs::read_to_string(other.join("config.json")).unwrap();
+    std::fs::write(
+        other.join("config.json"),
+        cfg.replace("\"llama\"", "\"gpt2\""),
+    )
+    .unwrap();
+    let e = text(inspect(&other));
+    assert!(
+        e.contains("model_type 'gpt2' is not supported") && e.contains("qwen3"),
+        "{e}"
+    );
+
+    let cut = tmp.path().join("cut");
+    copy_fixture("qwen2", &cut);
+    let st = std::fs::read(cut.join("model.safetensors")).unwrap();
+    std::fs::write(cut.join("model.safetensors"), &st[..st.len() / 2]).unwrap();
+    let e = text(inspect(&cut));
+    assert!(
+        e.contains("model.safetensors") && e.contains("truncated"),
+        "{e}"
+    );
+
+    // A checkpoint without tokenizer.json cannot be evaluated on text: say so.
+    let no_tok = tmp.path().join("no-tok");
+    copy_fixture("qwen3", &no_tok);
+    let data = tmp.path().join("d.txt");
+    std::fs::write(&data, "some text to score").unwrap();
+    ppl_cmd()
+        .args(["eval", "--ctx", "8", "--model"])
+        .arg(&no_tok)
+        .arg("--data")
+        .arg(&data)
+        .assert()
+        .failure()
+        .stderr(contains("no tokenizer.json"));
 }

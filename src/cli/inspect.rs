@@ -55,6 +55,8 @@ pub struct Inspection {
     pub kv_heads: Option<u64>,
     pub vocab_size: Option<usize>,
     pub tokenizer: Option<String>,
+    /// `GGUF vN`, or a Hugging Face checkpoint and its file count.
+    pub format: String,
     /// Weights in memory once loaded at each precision (supported architectures only).
     pub weights_bytes: BTreeMap<String, u64>,
 }
@@ -104,9 +106,23 @@ pub fn inspect(path: &Path) -> anyhow::Result<Inspection> {
     } else {
         BTreeMap::new()
     };
-    let vocab_size = match g.get("tokenizer.ggml.tokens") {
-        Some(crate::model::gguf::Value::Array(a)) => Some(a.len()),
-        _ => None,
+    let (mut vocab_size, mut tokenizer) = (
+        match g.get("tokenizer.ggml.tokens") {
+            Some(crate::model::gguf::Value::Array(a)) => Some(a.len()),
+            _ => None,
+        },
+        string("tokenizer.ggml.model"),
+    );
+    let format = if g.is_hf() {
+        if let Ok(t) = crate::tokenize::Tokenizer::from_gguf(&g) {
+            (vocab_size, tokenizer) = (Some(t.vocab_size), Some(t.kind));
+        }
+        format!(
+            "Hugging Face checkpoint, {} safetensors file(s)",
+            g.file_count()
+        )
+    } else {
+        format!("GGUF v{}", g.version)
     };
     Ok(Inspection {
         path: path.display().to_string(),
@@ -123,7 +139,8 @@ pub fn inspect(path: &Path) -> anyhow::Result<Inspection> {
         heads: num("attention.head_count"),
         kv_heads: num("attention.head_count_kv"),
         vocab_size,
-        tokenizer: string("tokenizer.ggml.model"),
+        tokenizer,
+        format,
         weights_bytes,
         architecture: arch,
     })
@@ -140,7 +157,7 @@ fn or_dash<T: ToString>(v: Option<T>) -> String {
 /// The text `ppl inspect` prints.
 pub fn render(i: &Inspection) -> String {
     let mut out = format!(
-        "{}\n  name          {}\n  architecture  {} ({})\n  parameters    {} ({:.1} M)\n  file          {} (GGUF v{}, {} tensors)\n",
+        "{}\n  name          {}\n  architecture  {} ({})\n  parameters    {} ({:.1} M)\n  file          {} ({}, {} tensors)\n",
         i.path,
         or_dash(i.name.clone()),
         i.architecture,
@@ -152,7 +169,7 @@ pub fn render(i: &Inspection) -> String {
         i.parameters,
         i.parameters as f64 / 1e6,
         mib(i.file_bytes),
-        i.gguf_version,
+        i.format,
         i.tensors
     );
     out += &format!(

@@ -587,14 +587,28 @@ enum FloatType {
 
 #[derive(Debug, Args)]
 struct ExportArgs {
-    /// GGUF model to read (any type ppl loads).
+    /// Model to read: a GGUF file (any type ppl loads) or, for `--format safetensors`, a
+    /// Hugging Face checkpoint directory.
     model: PathBuf,
-    /// Float type of the written matrices (norms stay f32).
+    /// Float type of the written matrices (in GGUF, norms stay f32).
     #[arg(long, value_enum)]
     dtype: FloatType,
-    /// Output GGUF file.
+    /// `gguf`: one GGUF file. `safetensors`: a Hugging Face checkpoint directory
+    /// (config.json, safetensors shards, tokenizer.json) that transformers and ppl read.
+    #[arg(long, value_enum, default_value = "gguf")]
+    format: ExportFormat,
+    /// Largest safetensors shard, in MiB (larger checkpoints are split, with an index).
+    #[arg(long, value_name = "MIB", default_value_t = 4096)]
+    shard_size: u64,
+    /// Output GGUF file, or checkpoint directory (new or empty).
     #[arg(short, long)]
     output: PathBuf,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, clap::ValueEnum)]
+enum ExportFormat {
+    Gguf,
+    Safetensors,
 }
 
 #[derive(Debug, Args)]
@@ -886,11 +900,26 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 FloatType::F16 => GgmlDType::F16,
                 FloatType::Bf16 => GgmlDType::BF16,
             };
-            let w = crate::model::gguf_write::write(
-                &g,
-                &args.output,
-                &crate::model::gguf_write::Conversion::Float(dtype),
-            )?;
+            let w = match args.format {
+                ExportFormat::Gguf => crate::model::gguf_write::write(
+                    &g,
+                    &args.output,
+                    &crate::model::gguf_write::Conversion::Float(dtype),
+                )?,
+                ExportFormat::Safetensors => {
+                    if args.shard_size == 0 {
+                        anyhow::bail!("--shard-size 0: give the largest shard in MiB (e.g. 4096)");
+                    }
+                    let tok = Tokenizer::from_gguf(&g)?;
+                    crate::model::hf_write::write(
+                        &g,
+                        &tok,
+                        &args.output,
+                        dtype,
+                        args.shard_size << 20,
+                    )?
+                }
+            };
             print_written(&args.output, &w, g.file_bytes());
             Ok(ExitCode::SUCCESS)
         }

@@ -589,6 +589,11 @@ impl GgufFile {
         self.maps.iter().map(|m| m.len() as u64).sum()
     }
 
+    /// Files mapped: 1 for GGUF, the safetensors shards of a checkpoint.
+    pub fn file_count(&self) -> usize {
+        self.maps.len()
+    }
+
     /// Whether this is a Hugging Face checkpoint directory rather than a GGUF file.
     pub fn is_hf(&self) -> bool {
         self.hf_tokenizer.is_some()

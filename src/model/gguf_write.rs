@@ -133,6 +133,12 @@ fn target_type(
 
 /// Converts every tensor of `src` and writes the result to `out`.
 pub fn write(src: &GgufFile, out: &Path, conversion: &Conversion) -> Result<Written, WriteError> {
+    if src.is_hf() {
+        return Err(WriteError::Unsupported(format!(
+            "{} is a Hugging Face checkpoint: ppl writes GGUF files from GGUF files only (the GGUF tokenizer metadata comes from llama.cpp's convert_hf_to_gguf.py); evaluate the directory directly, or use `ppl export --format safetensors` to change its dtype",
+            src.path().display()
+        )));
+    }
     let main_type = match conversion {
         Conversion::Float(d) => {
             if !matches!(d, GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16) {

@@ -355,6 +355,15 @@ fn config_metadata(path: &Path, c: &Json, dir: &Path) -> Result<BTreeMap<String,
             })
         }
     };
+    let act = c.get("hidden_act").and_then(Json::as_str).unwrap_or("silu");
+    if act != "silu" {
+        return Err(invalid(
+            path,
+            format!(
+                "hidden_act '{act}' is not supported for {arch} (ppl implements SwiGLU with silu)"
+            ),
+        ));
+    }
     let missing = |key: &str| {
         invalid(
             path,

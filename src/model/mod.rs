@@ -11,6 +11,7 @@ pub mod fetch;
 pub mod gguf;
 pub mod gguf_write;
 pub mod hf;
+pub mod hf_write;
 pub mod kernels;
 pub mod llama;
 pub mod memory;

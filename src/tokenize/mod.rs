@@ -356,6 +356,30 @@ impl Tokenizer {
         })
     }
 
+    /// The tokenizer as a `tokenizer.json` that gives the same ids (user-defined tokens as
+    /// added tokens), where the `tokenizers` crate can express it (not SentencePiece here).
+    pub fn hf_json(&self) -> Option<String> {
+        let Model::Tokenizers(tok) = &self.model else {
+            return None;
+        };
+        let mut tok = (**tok).clone();
+        let added: Vec<tokenizers::AddedToken> = self
+            .user_defined
+            .iter()
+            .map(|(s, _)| tokenizers::AddedToken::from(s.clone(), false))
+            .collect();
+        tok.add_tokens(&added);
+        tok.to_string(false).ok()
+    }
+
+    /// The vocabulary entry of `id` (as `tokenizer.json` spells it).
+    pub fn token_text(&self, id: u32) -> Option<String> {
+        match &self.model {
+            Model::Tokenizers(tok) => tok.id_to_token(id),
+            Model::Spm(_) => None,
+        }
+    }
+
     /// Token ids of `text`, with BOS first when the vocabulary asks for it
     /// (llama.cpp's `add_special = true`). Special tokens in the text are not parsed.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
