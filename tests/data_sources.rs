@@ -1,4 +1,5 @@
-//! Data sources: a JSON Lines file, a directory of text files and standard input give exactly
+//! Data sources: a JSON Lines file, a Parquet file (and a directory of Parquet shards), a
+//! directory of text files and standard input give exactly
 //! the result of the equivalent text file (rolling per document, chunks over the documents
 //! joined by a blank line); malformed records name the line and the fix.
 
@@ -89,6 +90,102 @@ fn jsonl_a_directory_and_stdin_equal_the_text_file() {
     // Standard input.
     let piped = run(Path::new("-"), &chunks, Some(docs.join("\n\n").as_bytes()));
     assert_same_numbers(&joined, &piped);
+}
+
+/// A Parquet file as Hugging Face datasets write them: an optional UTF-8 `text` column (here
+/// with a null and an empty row, which are skipped like blank records) beside an `id`, Snappy
+/// pages, `per_group` rows per row group.
+fn write_parquet(path: &Path, docs: &[Option<String>], per_group: usize) {
+    use parquet::basic::Compression;
+    use parquet::data_type::{ByteArray, ByteArrayType, Int64Type};
+    use parquet::file::properties::WriterProperties;
+    use parquet::file::writer::SerializedFileWriter;
+    use std::sync::Arc;
+    let schema = Arc::new(
+        parquet::schema::parser::parse_message_type(
+            "message schema { optional binary text (UTF8); required int64 id; }",
+        )
+        .unwrap(),
+    );
+    let props = Arc::new(
+        WriterProperties::builder()
+            .set_compression(Compression::SNAPPY)
+            .build(),
+    );
+    let file = std::fs::File::create(path).unwrap();
+    let mut w = SerializedFileWriter::new(file, schema, props).unwrap();
+    for group in docs.chunks(per_group) {
+        let mut rg = w.next_row_group().unwrap();
+        let mut column = 0;
+        while let Some(mut col) = rg.next_column().unwrap() {
+            if column == 0 {
+                let values: Vec<ByteArray> = group
+                    .iter()
+                    .flatten()
+                    .map(|d| ByteArray::from(d.as_str()))
+                    .collect();
+                let defs: Vec<i16> = group.iter().map(|d| i16::from(d.is_some())).collect();
+                col.typed::<ByteArrayType>()
+                    .write_batch(&values, Some(&defs), None)
+                    .unwrap();
+            } else {
+                let ids: Vec<i64> = (0..group.len() as i64).collect();
+                col.typed::<Int64Type>().write_batch(&ids, None, None).unwrap();
+            }
+            col.close().unwrap();
+            column += 1;
+        }
+        rg.close().unwrap();
+    }
+    w.close().unwrap();
+}
+
+#[test]
+fn parquet_files_and_shards_equal_the_text_file() {
+    let docs = articles();
+    let dir = tempfile::tempdir().unwrap();
+    let p = |n: &str| dir.path().join(n);
+    let mut rows: Vec<Option<String>> = docs.iter().cloned().map(Some).collect();
+    rows.insert(1, None);
+    rows.insert(3, Some(String::new()));
+    write_parquet(&p("test.parquet"), &rows, 2);
+    std::fs::create_dir(p("shards")).unwrap();
+    write_parquet(&p("shards/test-00000-of-00002.parquet"), &rows[..2], 1);
+    write_parquet(&p("shards/test-00001-of-00002.parquet"), &rows[2..], 3);
+    std::fs::write(p("articles.txt"), docs.concat()).unwrap();
+    std::fs::write(p("joined.txt"), docs.join("\n\n")).unwrap();
+
+    let rolling = ["--method", "rolling"];
+    let text = run(&p("articles.txt"), &rolling, None);
+    assert_same_numbers(&text, &run(&p("test.parquet"), &rolling, None));
+    assert_same_numbers(&text, &run(&p("shards"), &rolling, None));
+    let chunks = ["--method", "chunks"];
+    let joined = run(&p("joined.txt"), &chunks, None);
+    assert_same_numbers(&joined, &run(&p("test.parquet"), &chunks, None));
+
+    let fails = |data: &Path, extra: &[&str]| {
+        let out = ppl_cmd()
+            .arg("eval")
+            .arg("--model")
+            .arg(common::model())
+            .arg("--data")
+            .arg(data)
+            .args(extra)
+            .assert()
+            .failure()
+            .stderr(contains("panicked").not());
+        String::from_utf8(out.get_output().stderr.clone()).unwrap()
+    };
+    let e = fails(&p("test.parquet"), &["--text-field", "body"]);
+    assert!(
+        e.contains("no column 'body' (the file has: text, id)") && e.contains("--text-field"),
+        "{e}"
+    );
+    let e = fails(&p("test.parquet"), &["--text-field", "id"]);
+    assert!(e.contains("column 'id' is not a string column"), "{e}");
+    std::fs::write(p("fake.parquet"), "text, not parquet").unwrap();
+    let e = fails(&p("fake.parquet"), &[]);
+    assert!(e.contains("fake.parquet: not a readable Parquet file"), "{e}");
 }
 
 #[test]

@@ -13,7 +13,7 @@ use crate::model::{fetch, memory, GgufFile, LlamaConfig, Precision};
 
 #[derive(Debug, Args)]
 pub struct InspectArgs {
-    /// GGUF model file.
+    /// GGUF model file or Hugging Face checkpoint directory.
     model: PathBuf,
     /// Print JSON instead of text.
     #[arg(long)]

@@ -101,7 +101,7 @@ pub struct EvalArgs {
     /// Override a configuration key, e.g. --set evaluation.batch_size=8 (repeatable).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     sets: Vec<String>,
-    /// GGUF model file.
+    /// Model: a GGUF file, or a Hugging Face checkpoint directory (config.json, safetensors, tokenizer.json).
     #[arg(short, long)]
     model: Option<PathBuf>,
     /// UTF-8 text file to evaluate on.
@@ -629,7 +629,7 @@ struct QuantizeArgs {
 
 #[derive(Debug, Args)]
 struct TokenizeArgs {
-    /// GGUF model file whose tokenizer to use.
+    /// Model whose tokenizer to use (GGUF file or checkpoint directory).
     #[arg(short, long)]
     model: PathBuf,
     /// Text to tokenize (else --file).

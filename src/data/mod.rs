@@ -29,6 +29,8 @@ pub enum DataError {
         line: usize,
         detail: String,
     },
+    #[error("{path}: {detail}")]
+    Parquet { path: PathBuf, detail: String },
     #[error("{0}")]
     Windows(String),
 }

@@ -1,6 +1,9 @@
 //! Where the evaluation text comes from (`--data`): a UTF-8 text file, `-` for standard input,
-//! a JSON Lines file (`.jsonl`/`.ndjson`: one document per record, its `--text-field`), or a
-//! directory of text files (one document each, in file-name order).
+//! a JSON Lines file (`.jsonl`/`.ndjson`: one document per record, its `--text-field`), a
+//! Parquet file as Hugging Face datasets store them (`.parquet`: one document per row, its
+//! `--text-field` string column, read one row group at a time), or a directory: of Parquet
+//! shards (`test-00000-of-00002.parquet`, …) when it holds only those, else of text files
+//! (one document each); either way in file-name order.
 //!
 //! Record-based sources know their documents: the `rolling` method scores each one on its
 //! own, and `chunks`/`stride` see the documents joined by a blank line ([`SEPARATOR`]).
@@ -68,10 +71,15 @@ pub fn is_jsonl(path: &Path) -> bool {
 /// resumed run read the same bytes.)
 pub fn load(path: &Path, text_field: &str) -> Result<Data, DataError> {
     if path.is_dir() {
-        return load_dir(path);
+        return load_dir(path, text_field);
     }
     if is_jsonl(path) {
         return load_jsonl(path, text_field);
+    }
+    if is_parquet(path) {
+        let mut docs = Vec::new();
+        parquet_documents(path, text_field, &mut docs)?;
+        return Data::from_documents(path, docs);
     }
     Ok(Data {
         text: read_text(path)?,
@@ -123,7 +131,103 @@ fn load_jsonl(path: &Path, field: &str) -> Result<Data, DataError> {
     Data::from_documents(path, docs)
 }
 
-fn load_dir(dir: &Path) -> Result<Data, DataError> {
+/// Is `path` a Parquet file (by its extension)?
+pub fn is_parquet(path: &Path) -> bool {
+    path.extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("parquet"))
+}
+
+/// Appends the non-blank strings of column `field` of a Parquet file to `docs`, row group by
+/// row group (only that column is decoded). Null rows are skipped, as blank records are.
+fn parquet_documents(path: &Path, field: &str, docs: &mut Vec<String>) -> Result<(), DataError> {
+    use parquet::basic::{ConvertedType, LogicalType, Type as Physical};
+    use parquet::column::reader::{get_typed_column_reader, ColumnReader};
+    use parquet::data_type::ByteArrayType;
+    use parquet::file::reader::{FileReader, SerializedFileReader};
+
+    let bad = |detail: String| DataError::Parquet {
+        path: path.to_path_buf(),
+        detail,
+    };
+    let file = std::fs::File::open(path).map_err(|source| DataError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let reader = SerializedFileReader::new(file)
+        .map_err(|e| bad(format!("not a readable Parquet file ({e})")))?;
+    let schema = reader.metadata().file_metadata().schema_descr_ptr();
+    let names: Vec<String> = schema.columns().iter().map(|c| c.path().string()).collect();
+    let column = names.iter().position(|n| n == field).ok_or_else(|| {
+        bad(format!(
+            "no column '{field}' (the file has: {}); name the text column with --text-field",
+            names.join(", ")
+        ))
+    })?;
+    let descr = schema.column(column);
+    let is_string = descr.physical_type() == Physical::BYTE_ARRAY
+        && (matches!(descr.logical_type_ref(), Some(LogicalType::String))
+            || descr.converted_type() == ConvertedType::UTF8);
+    if !is_string || descr.max_rep_level() > 0 {
+        return Err(bad(format!(
+            "column '{field}' is not a string column ({:?}{}); --text-field must name one",
+            descr.physical_type(),
+            if descr.max_rep_level() > 0 { ", repeated" } else { "" }
+        )));
+    }
+    let max_def = descr.max_def_level();
+    for g in 0..reader.num_row_groups() {
+        let group = reader
+            .get_row_group(g)
+            .map_err(|e| bad(format!("row group {g}: {e}")))?;
+        let rows = group.metadata().num_rows() as usize;
+        let col = group
+            .get_column_reader(column)
+            .map_err(|e| bad(format!("row group {g}: {e}")))?;
+        let ColumnReader::ByteArrayColumnReader(_) = &col else {
+            return Err(bad(format!("column '{field}' is not a byte-array column")));
+        };
+        let mut typed = get_typed_column_reader::<ByteArrayType>(col);
+        let (mut defs, mut values) = (Vec::new(), Vec::new());
+        let mut read = 0;
+        while read < rows {
+            let (records, _, _) = typed
+                .read_records(rows - read, Some(&mut defs), None, &mut values)
+                .map_err(|e| bad(format!("row group {g}: {e}")))?;
+            if records == 0 {
+                return Err(bad(format!(
+                    "row group {g} ends after {read} of its {rows} rows (a truncated file?)"
+                )));
+            }
+            read += records;
+        }
+        // Without nulls every row has a value; with them, defs says which rows do.
+        let present = if max_def == 0 {
+            rows
+        } else {
+            defs.iter().filter(|&&d| d == max_def).count()
+        };
+        if present != values.len() {
+            return Err(bad(format!(
+                "row group {g}: {} values for {present} non-null rows",
+                values.len()
+            )));
+        }
+        for (i, v) in values.iter().enumerate() {
+            let s = std::str::from_utf8(v.data()).map_err(|e| {
+                bad(format!(
+                    "row group {g}, value {i} of column '{field}' is not valid UTF-8 (byte {})",
+                    e.valid_up_to()
+                ))
+            })?;
+            if !s.trim().is_empty() {
+                docs.push(s.to_string());
+            }
+        }
+    }
+    Ok(())
+}
+
+fn load_dir(dir: &Path, text_field: &str) -> Result<Data, DataError> {
     let read_err = |source| DataError::Read {
         path: dir.to_path_buf(),
         source,
@@ -140,6 +244,12 @@ fn load_dir(dir: &Path) -> Result<Data, DataError> {
         .collect();
     files.sort();
     let mut docs = Vec::with_capacity(files.len());
+    if !files.is_empty() && files.iter().all(|f| is_parquet(f)) {
+        for f in &files {
+            parquet_documents(f, text_field, &mut docs)?;
+        }
+        return Data::from_documents(dir, docs);
+    }
     for f in &files {
         match read_text(f) {
             Ok(t) => docs.push(t),
