@@ -130,7 +130,9 @@ fn write_parquet(path: &Path, docs: &[Option<String>], per_group: usize) {
                     .unwrap();
             } else {
                 let ids: Vec<i64> = (0..group.len() as i64).collect();
-                col.typed::<Int64Type>().write_batch(&ids, None, None).unwrap();
+                col.typed::<Int64Type>()
+                    .write_batch(&ids, None, None)
+                    .unwrap();
             }
             col.close().unwrap();
             column += 1;
@@ -185,7 +187,10 @@ fn parquet_files_and_shards_equal_the_text_file() {
     assert!(e.contains("column 'id' is not a string column"), "{e}");
     std::fs::write(p("fake.parquet"), "text, not parquet").unwrap();
     let e = fails(&p("fake.parquet"), &[]);
-    assert!(e.contains("fake.parquet: not a readable Parquet file"), "{e}");
+    assert!(
+        e.contains("fake.parquet: not a readable Parquet file"),
+        "{e}"
+    );
 }
 
 #[test]

@@ -50,7 +50,7 @@ fn smollm2_header_in_numbers() {
 }
 
 #[test]
-fn other_architectures_and_bad_files() {
+fn gemma3_and_bad_files() {
     let gemma = ppl::model::fetch::cache_dir()
         .join("models")
         .join("gemma-3-270m-q4_k_m.gguf");
@@ -60,8 +60,9 @@ fn other_architectures_and_bad_files() {
     );
     let i = inspect_json(&gemma);
     assert_eq!(i["architecture"], "gemma3");
-    assert_eq!(i["supported"], false);
+    assert_eq!(i["supported"], true);
     assert_eq!(i["layers"], 18);
+    assert_eq!(i["parameters"], 268_098_176u64);
     assert_eq!(i["vocab_size"], 262_144);
     let dir = tempfile::tempdir().unwrap();
     let bad = dir.path().join("notes.gguf");

@@ -171,7 +171,11 @@ fn parquet_documents(path: &Path, field: &str, docs: &mut Vec<String>) -> Result
         return Err(bad(format!(
             "column '{field}' is not a string column ({:?}{}); --text-field must name one",
             descr.physical_type(),
-            if descr.max_rep_level() > 0 { ", repeated" } else { "" }
+            if descr.max_rep_level() > 0 {
+                ", repeated"
+            } else {
+                ""
+            }
         )));
     }
     let max_def = descr.max_def_level();

@@ -403,7 +403,7 @@ fn config_metadata(path: &Path, c: &Json, dir: &Path) -> Result<BTreeMap<String,
     let scaling = c
         .get("rope_scaling")
         .filter(|v| !v.is_null())
-        .or_else(|| rope_params);
+        .or(rope_params);
     if let Some(s) = scaling {
         let kind = s
             .get("rope_type")

@@ -122,6 +122,9 @@ fn config_json(c: &LlamaConfig, tok: &Tokenizer, torch_dtype: &str) -> Json {
     j
 }
 
+/// A tensor to write: name, shape, little-endian bytes.
+type Entry = (String, Vec<usize>, Vec<u8>);
+
 /// A safetensors file: header (8-byte length, JSON padded to 8 bytes), then the data.
 fn write_safetensors(
     path: &Path,
@@ -200,7 +203,7 @@ pub fn write(
             .filter_map(|g| hf_name(g).map(|h| (h, g.clone())))
             .collect();
         names.sort();
-        let mut shards: Vec<Vec<(String, Vec<usize>, Vec<u8>)>> = vec![Vec::new()];
+        let mut current: Vec<Entry> = Vec::new();
         let mut shard_size = 0u64;
         let mut types = Vec::new();
         let mut total = 0u64;
@@ -263,22 +266,16 @@ pub fn write(
             }
             let len = bytes.len() as u64;
             if shard_size > 0 && shard_size + len > shard_bytes {
-                let full = std::mem::take(shards.last_mut().expect("one shard"));
-                flush(full, written_shards)?;
+                flush(std::mem::take(&mut current), written_shards)?;
                 written_shards += 1;
                 shard_size = 0;
             }
             shard_size += len;
             total += len;
             types.push((hf.clone(), dtype));
-            shards
-                .last_mut()
-                .expect("one shard")
-                .push((hf.clone(), info.shape.clone(), bytes));
+            current.push((hf.clone(), info.shape.clone(), bytes));
         }
-        let last = std::mem::take(shards.last_mut().expect("one shard"));
-        flush(last, written_shards)?;
-        drop(flush);
+        flush(current, written_shards)?;
         let n = pending_files.len();
         let mut weight_map = BTreeMap::new();
         for (i, (path, tensors)) in pending_files.iter().enumerate() {

@@ -7,6 +7,9 @@
 //! - **Mistral**: sliding-window attention (a position sees the last `sliding_window` ones).
 //! - **Qwen2/2.5**: biases on the Q, K and V projections; NeoX-style rotation (halves).
 //! - **Qwen3**: RMSNorm of each Q and K head before the rotation; NeoX-style rotation.
+//! - **Gemma 3**: embeddings scaled by √hidden, Q/K head norms, norms after attention and
+//!   after the MLP too, GELU (tanh) gating, and five sliding-window layers (their own RoPE
+//!   base) for every global one.
 //!
 //! Unlike candle-transformers' quantized Llama, this forward pass keeps every position: it
 //! returns the final hidden states of a batch of windows, and [`Llama::logits`] projects any
@@ -29,7 +32,7 @@ use super::{ModelError, Precision};
 type Result<T> = std::result::Result<T, ModelError>;
 
 /// Architectures this file implements (GGUF `general.architecture`).
-pub const SUPPORTED_ARCHITECTURES: &str = "llama, mistral, qwen2, qwen3";
+pub const SUPPORTED_ARCHITECTURES: &str = "llama, mistral, qwen2, qwen3, gemma3";
 
 /// Hyper-parameters, read from `{arch}.*` metadata.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -56,8 +59,16 @@ pub struct LlamaConfig {
     pub attn_output_bias: bool,
     /// RMSNorm of each Q and K head before the rotation (Qwen3).
     pub qk_norm: bool,
-    /// Positions a token attends to, itself included (Mistral); `None`: all before it.
+    /// Positions a token attends to, itself included (Mistral; Gemma 3's local layers);
+    /// `None`: all before it.
     pub sliding_window: Option<usize>,
+    /// Gemma 3: every `n`-th layer (the last of each group of `n`) is global, the others
+    /// use the sliding window and [`LlamaConfig::rope_theta_local`].
+    pub global_every: Option<usize>,
+    /// RoPE base of the sliding-window layers (Gemma 3).
+    pub rope_theta_local: f64,
+    /// Gemma's block: √hidden embedding scale, post-attention and post-MLP norms, GELU.
+    pub gemma: bool,
 }
 
 impl LlamaConfig {
@@ -65,7 +76,7 @@ impl LlamaConfig {
         let arch = g
             .get_str("general.architecture", "which architecture the model has")?
             .to_string();
-        if !["llama", "mistral", "qwen2", "qwen3"].contains(&arch.as_str()) {
+        if !["llama", "mistral", "qwen2", "qwen3", "gemma3"].contains(&arch.as_str()) {
             return Err(ModelError::UnsupportedArchitecture {
                 path: g.path().to_path_buf(),
                 arch,
@@ -120,16 +131,33 @@ impl LlamaConfig {
             Some(_) => g.get_f64(&key("rope.freq_base"), purpose)?,
             None => 10_000.0,
         };
+        let gemma = arch == "gemma3";
         let sliding_window = match g.get(&key("attention.sliding_window")) {
-            Some(_) if arch == "mistral" => Some(get("attention.sliding_window")?),
+            Some(_) if arch == "mistral" || gemma => Some(get("attention.sliding_window")?),
             _ => None,
+        }
+        .filter(|&w| !(gemma && w == 0));
+        // llama.cpp: five local layers for each global one unless the file says otherwise.
+        let global_every = match (gemma, sliding_window) {
+            (true, Some(_)) => Some(match g.get(&key("attention.sliding_window_pattern")) {
+                Some(_) => get("attention.sliding_window_pattern")?,
+                None => 6,
+            }),
+            _ => None,
+        };
+        let rope_theta_local = match g.get(&key("rope.freq_base_swa")) {
+            Some(_) => g.get_f64(&key("rope.freq_base_swa"), purpose)?,
+            None => 10_000.0,
         };
         if sliding_window == Some(0) {
             return Err(invalid("a sliding window of 0 positions".into()));
         }
         let has = |n: &str| g.tensors.contains_key(n);
         Ok(Self {
-            rope_neox: matches!(arch.as_str(), "qwen2" | "qwen3"),
+            global_every,
+            rope_theta_local,
+            gemma,
+            rope_neox: matches!(arch.as_str(), "qwen2" | "qwen3" | "gemma3"),
             attn_bias: has("blk.0.attn_q.bias"),
             attn_output_bias: has("blk.0.attn_output.bias"),
             qk_norm: has("blk.0.attn_q_norm.weight"),
@@ -150,6 +178,15 @@ impl LlamaConfig {
         })
     }
 
+    /// Whether layer `i` attends through the sliding window (and which RoPE base it uses).
+    pub fn is_local(&self, i: usize) -> bool {
+        match (self.sliding_window, self.global_every) {
+            (Some(_), Some(n)) => n == 0 || i % n < n - 1,
+            (Some(_), None) => true,
+            _ => false,
+        }
+    }
+
     /// Parameter count (embeddings counted once when tied).
     pub fn parameters(&self) -> u64 {
         let d = self.hidden_size as u64;
@@ -164,7 +201,8 @@ impl LlamaConfig {
             + 2 * d
             + if self.attn_bias { q + 2 * kv } else { 0 }
             + if self.attn_output_bias { d } else { 0 }
-            + if self.qk_norm { 2 * hd } else { 0 };
+            + if self.qk_norm { 2 * hd } else { 0 }
+            + if self.gemma { 2 * d } else { 0 };
         let embed = self.vocab_size as u64 * d;
         embed * if self.tied_embeddings { 1 } else { 2 } + per_layer * self.n_layers as u64 + d
     }
@@ -468,11 +506,19 @@ struct Mlp {
     gate: Linear,
     up: Linear,
     down: Linear,
+    /// GELU (tanh approximation, as ggml and Gemma use) instead of SiLU on the gate.
+    gelu: bool,
 }
 
 impl Mlp {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let h = (self.gate.forward(x)?.silu()? * self.up.forward(x)?)?;
+        let gate = self.gate.forward(x)?;
+        let gate = if self.gelu {
+            gate.gelu()?
+        } else {
+            gate.silu()?
+        };
+        let h = (gate * self.up.forward(x)?)?;
         self.down.forward(&h)
     }
 }
@@ -480,8 +526,13 @@ impl Mlp {
 struct Block {
     attn_norm: RmsNorm,
     attn: Attention,
+    /// Gemma: norms of each branch's output before it joins the residual stream.
+    post_attn_norm: Option<RmsNorm>,
     ffn_norm: RmsNorm,
     mlp: Mlp,
+    post_ffn_norm: Option<RmsNorm>,
+    /// Sliding-window layer (its own mask and RoPE table).
+    local: bool,
 }
 
 impl Block {
@@ -550,12 +601,16 @@ impl Block {
                 n_kv_heads: part.tp_range(c.n_kv_heads).len(),
                 head_dim: c.head_dim,
             },
+            post_attn_norm: optional_norm("post_attention_norm.weight")?,
             ffn_norm: norm("ffn_norm.weight")?,
             mlp: Mlp {
                 gate: lin("ffn_gate.weight")?,
                 up: lin("ffn_up.weight")?,
                 down: lin("ffn_down.weight")?,
+                gelu: c.gemma,
             },
+            post_ffn_norm: optional_norm("post_ffw_norm.weight")?,
+            local: c.is_local(i),
         })
     }
 
@@ -572,20 +627,32 @@ impl Block {
                 .filter_map(|b| b.as_ref())
                 .map(|b| b.elem_count() as u64 * 4)
                 .sum::<u64>()
-            + [&a.q_norm, &a.k_norm]
-                .iter()
-                .filter_map(|n| n.as_ref())
-                .map(|n| n.weight.elem_count() as u64 * 4)
-                .sum::<u64>()
+            + [
+                &a.q_norm,
+                &a.k_norm,
+                &self.post_attn_norm,
+                &self.post_ffn_norm,
+            ]
+            .iter()
+            .filter_map(|n| n.as_ref())
+            .map(|n| n.weight.elem_count() as u64 * 4)
+            .sum::<u64>()
     }
 
     /// The residual block; under tensor parallelism each branch's partial output is summed
     /// over the group before it is added to the residual stream.
     fn forward(&self, x: &Tensor, rope: &Rope, mask: &Tensor, cc: &Collectives) -> Result<Tensor> {
+        let post = |y: Tensor, n: &Option<RmsNorm>| -> Result<Tensor> {
+            match n {
+                Some(n) => n.forward(&y),
+                None => Ok(y),
+            }
+        };
+        // The post-norms act on the whole (all-reduced) branch output.
         let a = cc.reduce(self.attn.forward(&self.attn_norm.forward(x)?, rope, mask)?)?;
-        let h = (x + a)?;
+        let h = (x + post(a, &self.post_attn_norm)?)?;
         let m = cc.reduce(self.mlp.forward(&self.ffn_norm.forward(&h)?)?)?;
-        Ok((&h + m)?)
+        Ok((&h + post(m, &self.post_ffn_norm)?)?)
     }
 }
 
@@ -604,11 +671,11 @@ struct Rope {
 }
 
 impl Rope {
-    fn new(c: &LlamaConfig, freq_factors: Option<Vec<f32>>) -> Result<Self> {
+    fn new(c: &LlamaConfig, theta: f64, freq_factors: Option<Vec<f32>>) -> Result<Self> {
         let half = c.rope_dim / 2;
         let inv_freq: Vec<f32> = (0..half)
             .map(|i| {
-                let f = 1.0 / c.rope_theta.powf(2.0 * i as f64 / c.rope_dim as f64);
+                let f = 1.0 / theta.powf(2.0 * i as f64 / c.rope_dim as f64);
                 let factor = freq_factors.as_ref().map_or(1.0, |v| v[i] as f64);
                 (f / factor) as f32
             })
@@ -653,6 +720,8 @@ pub struct Llama {
     /// Vocabulary rows of the output layer held here.
     output_vocab: Range<usize>,
     rope: Rope,
+    /// The sliding-window layers' table, where their RoPE base differs (Gemma 3).
+    rope_local: Option<Rope>,
     quantize: Option<Quantize>,
 }
 
@@ -829,7 +898,11 @@ impl Llama {
             None
         };
         Ok(Self {
-            rope: Rope::new(&config, freq_factors)?,
+            rope_local: match config.global_every {
+                Some(_) => Some(Rope::new(&config, config.rope_theta_local, None)?),
+                None => None,
+            },
+            rope: Rope::new(&config, config.rope_theta, freq_factors)?,
             embedding: embedding.map(|table| Embedding {
                 table,
                 vocab: vocab.clone(),
@@ -892,14 +965,29 @@ impl Llama {
             .embedding
             .as_ref()
             .ok_or_else(|| self.not_held("the token embedding"))?;
-        cc.reduce(e.forward(ids)?)
+        let x = cc.reduce(e.forward(ids)?)?;
+        if self.config.gemma {
+            // ggml scales by sqrtf(n_embd), an f32.
+            let scale = (self.config.hidden_size as f32).sqrt();
+            return Ok((x * f64::from(scale))?);
+        }
+        Ok(x)
     }
 
     /// Runs this rank's blocks over `x` (`None`: an idle FSDP step, which only takes part in
     /// the gathers so that the other ranks of the shard group can run theirs).
     pub fn run_layers(&self, x: Option<Tensor>, cc: &Collectives) -> Result<Option<Tensor>> {
-        let mask = match &x {
-            Some(x) => Some(causal_mask(x.dim(1)?, self.config.sliding_window)?),
+        // Global layers see every earlier position; local ones the sliding window.
+        let masks = match &x {
+            Some(x) => {
+                let t = x.dim(1)?;
+                let global = causal_mask(t, None)?;
+                let local = match self.config.sliding_window {
+                    Some(w) if w < t => causal_mask(t, Some(w))?,
+                    _ => global.clone(),
+                };
+                Some((global, local))
+            }
             None => None,
         };
         let mut x = x;
@@ -926,8 +1014,13 @@ impl Llama {
                     &gathered
                 }
             };
-            if let (Some(h), Some(mask)) = (&x, &mask) {
-                x = Some(block.forward(h, &self.rope, mask, cc)?);
+            if let (Some(h), Some((global, local))) = (&x, &masks) {
+                let (rope, mask) = if block.local {
+                    (self.rope_local.as_ref().unwrap_or(&self.rope), local)
+                } else {
+                    (&self.rope, global)
+                };
+                x = Some(block.forward(h, rope, mask, cc)?);
             }
         }
         Ok(x)
