@@ -5,7 +5,9 @@
 Each checkpoint exercises what its architecture adds to Llama: Llama itself (Q/K rows that
 ppl reorders for its rotary layout), Mistral (a sliding window shorter than the sequence),
 Qwen2 (Q/K/V biases), Qwen3 (per-head Q/K RMSNorm, a head size that is not hidden/heads,
-an untied output layer). Weights are drawn wide (norm weights and biases too) so that the
+an untied output layer), Gemma 3 (norms stored as w for 1 + w, post-norms, GELU, local and
+global layers with their own RoPE bases and a window shorter than the sequence, a query
+scale other than 1/sqrt(head_dim)). Weights are drawn wide (norm weights and biases too) so that the
 logits are far from uniform; the reference runs in float64.
 
 Needs torch and transformers (pip install torch transformers); run from the repository root:
@@ -42,13 +44,19 @@ MODELS = {
               dict(tie_word_embeddings=True, use_sliding_window=False)),
     "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM,
               dict(tie_word_embeddings=False, head_dim=32)),
+    # Local (window 8), global, local layers; a query scale that is not 1/sqrt(head_dim).
+    "gemma3": (transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM,
+               dict(num_hidden_layers=3, head_dim=16, sliding_window=8,
+                    layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                    query_pre_attn_scalar=24, rope_local_base_freq=100.0,
+                    hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True)),
 }
 
 
 def main():
     for name, (config_cls, model_cls, extra) in MODELS.items():
         torch.manual_seed(sum(map(ord, name)))
-        config = config_cls(**COMMON, **extra)
+        config = config_cls(**{**COMMON, **extra})
         config._attn_implementation = "eager"
         model = model_cls(config).to(torch.float32).eval()
         with torch.no_grad():

@@ -1,8 +1,9 @@
-//! Hugging Face checkpoints: tiny random Llama, Mistral, Qwen2 and Qwen3 models (written by
-//! `scripts/tiny-checkpoints.py` with `transformers`, committed under tests/fixtures/tiny)
-//! must give `transformers`' logits (computed there in float64) within 1e-4. SmolLM2 exported as a
-//! sharded safetensors checkpoint evaluates to the GGUF's f32 numbers bit for bit, alone and
-//! under tensor parallelism, with the same token ids from its tokenizer.json.
+//! Hugging Face checkpoints: tiny random Llama, Mistral, Qwen2, Qwen3 and Gemma 3 models
+//! (written by `scripts/tiny-checkpoints.py` with `transformers`, committed under
+//! tests/fixtures/tiny) must give `transformers`' logits (computed there in float64) within
+//! 1e-4. SmolLM2 exported as a sharded safetensors checkpoint evaluates to the GGUF's f32
+//! numbers bit for bit, alone and under tensor parallelism, with the same token ids from its
+//! tokenizer.json.
 
 mod common;
 
@@ -114,6 +115,21 @@ fn mistral_matches_transformers_with_its_sliding_window() {
 fn qwen2_matches_transformers_with_qkv_biases() {
     let m = check("qwen2");
     assert!(m.config.attn_bias && m.config.rope_neox && !m.config.qk_norm);
+}
+
+#[test]
+fn gemma3_matches_transformers_with_local_and_global_layers() {
+    let m = check("gemma3");
+    assert!(m.config.gemma && m.config.qk_norm && m.config.norm_weight_plus_one);
+    assert_eq!(m.config.local_layers, [true, false, true]);
+    assert_eq!(m.config.sliding_window, Some(8));
+    assert_eq!(m.config.rope_theta_local, 100.0);
+    assert!((m.config.attention_scale.unwrap() - 1.0 / 24f64.sqrt()).abs() < 1e-7);
+    // Both the window and the per-layer choice matter for this sequence.
+    let g = GgufFile::open(&fixture("gemma3")).unwrap();
+    let mut all_global = Llama::from_gguf(&g, Precision::Native).unwrap();
+    all_global.config.sliding_window = None;
+    assert!(max_abs_diff(&all_global, &expected("gemma3")) > 1e-2);
 }
 
 #[test]

@@ -25,7 +25,7 @@ use super::gguf::{GgufError, GgufFile, RopePermute, TensorInfo, Value};
 type Result<T> = std::result::Result<T, GgufError>;
 
 /// `config.json` `model_type`s ppl reads, and the architecture name used for them.
-pub const SUPPORTED_MODEL_TYPES: &str = "llama, mistral, qwen2, qwen3";
+pub const SUPPORTED_MODEL_TYPES: &str = "llama, mistral, qwen2, qwen3, gemma3_text";
 
 /// The tokenizer files of a checkpoint directory.
 #[derive(Debug, Clone, PartialEq)]
@@ -160,7 +160,7 @@ pub fn open_dir(dir: &Path) -> Result<GgufFile> {
     let permute = matches!(arch.as_str(), "llama" | "mistral").then_some(RopePermute { head_dim });
     let mut tensors = BTreeMap::new();
     for (hf_name, mut info) in hf_tensors {
-        let Some(name) = gguf_name(&hf_name) else {
+        let Some(name) = gguf_name(&hf_name, &arch) else {
             tracing::debug!("{}: tensor '{hf_name}' is not used", dir.display());
             continue;
         };
@@ -220,7 +220,9 @@ pub fn open_dir(dir: &Path) -> Result<GgufFile> {
 }
 
 /// GGUF's name for a Hugging Face tensor name, or `None` for tensors ppl does not use.
-fn gguf_name(hf: &str) -> Option<String> {
+/// (Gemma's `post_attention_layernorm` normalises the attention output; its pre-MLP norm is
+/// `pre_feedforward_layernorm`.)
+fn gguf_name(hf: &str, arch: &str) -> Option<String> {
     let fixed = match hf {
         "model.embed_tokens.weight" => Some("token_embd.weight"),
         "model.norm.weight" => Some("output_norm.weight"),
@@ -234,8 +236,12 @@ fn gguf_name(hf: &str) -> Option<String> {
     let (layer, rest) = rest.split_once('.')?;
     let layer: usize = layer.parse().ok()?;
     let (module, kind) = rest.rsplit_once('.')?;
+    let gemma = arch == "gemma3";
     let short = match module {
         "input_layernorm" => "attn_norm",
+        "post_attention_layernorm" if gemma => "post_attention_norm",
+        "pre_feedforward_layernorm" if gemma => "ffn_norm",
+        "post_feedforward_layernorm" if gemma => "post_ffw_norm",
         "post_attention_layernorm" => "ffn_norm",
         "self_attn.q_proj" => "attn_q",
         "self_attn.k_proj" => "attn_k",
@@ -346,6 +352,7 @@ fn config_metadata(path: &Path, c: &Json, dir: &Path) -> Result<BTreeMap<String,
         .ok_or_else(|| invalid(path, "no 'model_type'".into()))?;
     let arch = match model_type {
         "llama" | "mistral" | "qwen2" | "qwen3" => model_type,
+        "gemma3_text" => "gemma3",
         other => {
             return Err(GgufError::Checkpoint {
                 path: dir.to_path_buf(),
@@ -355,14 +362,32 @@ fn config_metadata(path: &Path, c: &Json, dir: &Path) -> Result<BTreeMap<String,
             })
         }
     };
-    let act = c.get("hidden_act").and_then(Json::as_str).unwrap_or("silu");
-    if act != "silu" {
+    let gemma = arch == "gemma3";
+    let (act, want) = if gemma {
+        let a = c
+            .get("hidden_activation")
+            .or_else(|| c.get("hidden_act"))
+            .and_then(Json::as_str)
+            .unwrap_or("gelu_pytorch_tanh");
+        (a, "gelu_pytorch_tanh")
+    } else {
+        (
+            c.get("hidden_act").and_then(Json::as_str).unwrap_or("silu"),
+            "silu",
+        )
+    };
+    if act != want {
         return Err(invalid(
             path,
             format!(
-                "hidden_act '{act}' is not supported for {arch} (ppl implements SwiGLU with silu)"
+                "hidden activation '{act}' is not supported for {arch} (ppl implements {want})"
             ),
         ));
+    }
+    for key in ["final_logit_softcapping", "attn_logit_softcapping"] {
+        if c.get(key).is_some_and(|v| !v.is_null()) {
+            return Err(invalid(path, format!("{key} is not supported")));
+        }
     }
     let missing = |key: &str| {
         invalid(
@@ -392,19 +417,30 @@ fn config_metadata(path: &Path, c: &Json, dir: &Path) -> Result<BTreeMap<String,
     let head_dim = uint("head_dim")?.unwrap_or(hidden / heads);
     let float = |key: &str| -> Option<f64> { c.get(key).and_then(Json::as_f64) };
     // transformers 5 moved rope_theta into rope_parameters.
+    // (Gemma 3 under transformers 5: one entry per layer type.)
     let rope_params = c.get("rope_parameters").filter(|v| v.is_object());
+    let global_params = rope_params.map(|p| p.get("full_attention").unwrap_or(p));
+    let local_params = rope_params.and_then(|p| p.get("sliding_attention"));
     let rope_theta = float("rope_theta")
         .or_else(|| {
-            rope_params
+            global_params
                 .and_then(|p| p.get("rope_theta"))
                 .and_then(Json::as_f64)
         })
         .unwrap_or(10_000.0);
-    let scaling = c
-        .get("rope_scaling")
-        .filter(|v| !v.is_null())
-        .or(rope_params);
-    if let Some(s) = scaling {
+    let rope_theta_local = float("rope_local_base_freq")
+        .or_else(|| {
+            local_params
+                .and_then(|p| p.get("rope_theta"))
+                .and_then(Json::as_f64)
+        })
+        .unwrap_or(10_000.0);
+    let scalings = [
+        c.get("rope_scaling").filter(|v| !v.is_null()),
+        global_params,
+        local_params,
+    ];
+    for s in scalings.into_iter().flatten() {
         let kind = s
             .get("rope_type")
             .or_else(|| s.get("type"))
@@ -423,10 +459,37 @@ fn config_metadata(path: &Path, c: &Json, dir: &Path) -> Result<BTreeMap<String,
             "use_sliding_window = true (Qwen2's per-layer sliding window) is not supported".into(),
         ));
     }
-    let sliding_window = if model_type == "mistral" {
+    let sliding_window = if model_type == "mistral" || gemma {
         uint("sliding_window")?
     } else {
         None
+    };
+    let n_layers = req("num_hidden_layers")?;
+    // Gemma 3: which layers slide, from layer_types (or its period).
+    let local_layers: Option<Vec<bool>> = match (gemma, sliding_window) {
+        (true, Some(_)) => Some(match c.get("layer_types").and_then(Json::as_array) {
+            Some(types) => {
+                let flags: Vec<bool> = types
+                    .iter()
+                    .map(|t| t.as_str() == Some("sliding_attention"))
+                    .collect();
+                if flags.len() as u64 != n_layers {
+                    return Err(invalid(
+                        path,
+                        format!(
+                            "layer_types has {} entries for {n_layers} layers",
+                            flags.len()
+                        ),
+                    ));
+                }
+                flags
+            }
+            None => {
+                let n = uint("sliding_window_pattern")?.unwrap_or(6);
+                (0..n_layers).map(|i| n == 0 || i % n < n - 1).collect()
+            }
+        }),
+        _ => None,
     };
     let u32v = |v: u64| Value::U32(v as u32);
     let mut m = BTreeMap::new();
@@ -435,7 +498,7 @@ fn config_metadata(path: &Path, c: &Json, dir: &Path) -> Result<BTreeMap<String,
     };
     put("embedding_length", u32v(hidden));
     put("feed_forward_length", u32v(req("intermediate_size")?));
-    put("block_count", u32v(req("num_hidden_layers")?));
+    put("block_count", u32v(n_layers));
     put("attention.head_count", u32v(heads));
     put("attention.head_count_kv", u32v(kv_heads));
     put("attention.key_length", u32v(head_dim));
@@ -452,6 +515,18 @@ fn config_metadata(path: &Path, c: &Json, dir: &Path) -> Result<BTreeMap<String,
     if let Some(w) = sliding_window {
         put("attention.sliding_window", u32v(w));
     }
+    if let Some(flags) = local_layers {
+        put(
+            "attention.sliding_window_pattern",
+            Value::Array(flags.into_iter().map(Value::Bool).collect()),
+        );
+        put("rope.freq_base_swa", Value::F32(rope_theta_local as f32));
+    }
+    if gemma {
+        let q = float("query_pre_attn_scalar").unwrap_or(head_dim as f64);
+        put("attention.scale", Value::F32((1.0 / q.sqrt()) as f32));
+        m.insert("ppl.norm_weight_plus_one".into(), Value::Bool(true));
+    }
     m.insert("general.architecture".into(), Value::String(arch.into()));
     Ok(m)
 }
@@ -463,26 +538,38 @@ mod tests {
     #[test]
     fn tensor_names_map_to_gguf() {
         assert_eq!(
-            gguf_name("model.layers.11.self_attn.q_proj.bias").as_deref(),
+            gguf_name("model.layers.2.pre_feedforward_layernorm.weight", "gemma3").as_deref(),
+            Some("blk.2.ffn_norm.weight")
+        );
+        assert_eq!(
+            gguf_name("model.layers.2.post_attention_layernorm.weight", "gemma3").as_deref(),
+            Some("blk.2.post_attention_norm.weight")
+        );
+        assert_eq!(
+            gguf_name("model.layers.2.post_attention_layernorm.weight", "llama").as_deref(),
+            Some("blk.2.ffn_norm.weight")
+        );
+        assert_eq!(
+            gguf_name("model.layers.11.self_attn.q_proj.bias", "llama").as_deref(),
             Some("blk.11.attn_q.bias")
         );
         assert_eq!(
-            gguf_name("model.layers.0.mlp.down_proj.weight").as_deref(),
+            gguf_name("model.layers.0.mlp.down_proj.weight", "llama").as_deref(),
             Some("blk.0.ffn_down.weight")
         );
         assert_eq!(
-            gguf_name("model.layers.3.self_attn.k_norm.weight").as_deref(),
+            gguf_name("model.layers.3.self_attn.k_norm.weight", "llama").as_deref(),
             Some("blk.3.attn_k_norm.weight")
         );
         assert_eq!(
-            gguf_name("model.embed_tokens.weight").as_deref(),
+            gguf_name("model.embed_tokens.weight", "llama").as_deref(),
             Some("token_embd.weight")
         );
         assert_eq!(
-            gguf_name("model.layers.0.self_attn.rotary_emb.inv_freq"),
+            gguf_name("model.layers.0.self_attn.rotary_emb.inv_freq", "llama"),
             None
         );
-        assert_eq!(gguf_name("vision_tower.x.weight"), None);
+        assert_eq!(gguf_name("vision_tower.x.weight", "llama"), None);
     }
 
     #[test]

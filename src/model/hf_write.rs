@@ -164,6 +164,12 @@ pub fn write(
 ) -> Result<Written, WriteError> {
     let (st_dtype, torch_dtype) = dtype_names(dtype)?;
     let config = LlamaConfig::from_gguf(src).map_err(|e| WriteError::Unsupported(e.to_string()))?;
+    if config.gemma {
+        return Err(WriteError::Unsupported(format!(
+            "{}: writing Gemma 3 as a Hugging Face checkpoint is not supported (its norms and layer types need Gemma's own config); evaluate the GGUF directly",
+            src.path().display()
+        )));
+    }
     if src.tensors.contains_key("rope_freqs.weight") {
         return Err(WriteError::Unsupported(format!(
             "{}: the model scales its rotary frequencies (rope_freqs), which ppl cannot express in config.json",

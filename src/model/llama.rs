@@ -62,13 +62,18 @@ pub struct LlamaConfig {
     /// Positions a token attends to, itself included (Mistral; Gemma 3's local layers);
     /// `None`: all before it.
     pub sliding_window: Option<usize>,
-    /// Gemma 3: every `n`-th layer (the last of each group of `n`) is global, the others
-    /// use the sliding window and [`LlamaConfig::rope_theta_local`].
-    pub global_every: Option<usize>,
+    /// Gemma 3: which layers use the sliding window and [`LlamaConfig::rope_theta_local`]
+    /// (empty: every layer when there is a window, as in Mistral).
+    pub local_layers: Vec<bool>,
     /// RoPE base of the sliding-window layers (Gemma 3).
     pub rope_theta_local: f64,
     /// Gemma's block: √hidden embedding scale, post-attention and post-MLP norms, GELU.
     pub gemma: bool,
+    /// Scale of the attention scores; `None`: 1/√head_dim.
+    pub attention_scale: Option<f64>,
+    /// Norm weights stored as `w` for a scale of `1 + w` (Gemma's Hugging Face checkpoints;
+    /// GGUF conversions store `1 + w`).
+    pub norm_weight_plus_one: bool,
 }
 
 impl LlamaConfig {
@@ -137,13 +142,39 @@ impl LlamaConfig {
             _ => None,
         }
         .filter(|&w| !(gemma && w == 0));
-        // llama.cpp: five local layers for each global one unless the file says otherwise.
-        let global_every = match (gemma, sliding_window) {
-            (true, Some(_)) => Some(match g.get(&key("attention.sliding_window_pattern")) {
-                Some(_) => get("attention.sliding_window_pattern")?,
-                None => 6,
-            }),
-            _ => None,
+        // llama.cpp: five local layers for each global one unless the file says otherwise
+        // (a period, or one flag per layer).
+        let n_layers = get("block_count")?;
+        let local_layers = match (gemma, sliding_window) {
+            (true, Some(_)) => match g.get(&key("attention.sliding_window_pattern")) {
+                Some(crate::model::gguf::Value::Array(flags)) => {
+                    let flags: Vec<bool> = flags
+                        .iter()
+                        .map(|f| matches!(f, crate::model::gguf::Value::Bool(true)))
+                        .collect();
+                    if flags.len() != n_layers {
+                        return Err(invalid(format!(
+                            "attention.sliding_window_pattern has {} flags for {n_layers} layers",
+                            flags.len()
+                        )));
+                    }
+                    flags
+                }
+                other => {
+                    let n = match other {
+                        Some(_) => get("attention.sliding_window_pattern")?,
+                        None => 6,
+                    };
+                    (0..n_layers).map(|i| n == 0 || i % n < n - 1).collect()
+                }
+            },
+            _ => Vec::new(),
+        };
+        let attention_scale = match g.get(&key("attention.scale")) {
+            Some(_) => Some(g.get_f64(&key("attention.scale"), purpose)?),
+            // llama.cpp: Gemma 3 27B scales by hidden/heads rather than the head size.
+            None if gemma && n_layers == 62 => Some(1.0 / ((hidden_size / n_heads) as f64).sqrt()),
+            None => None,
         };
         let rope_theta_local = match g.get(&key("rope.freq_base_swa")) {
             Some(_) => g.get_f64(&key("rope.freq_base_swa"), purpose)?,
@@ -154,8 +185,10 @@ impl LlamaConfig {
         }
         let has = |n: &str| g.tensors.contains_key(n);
         Ok(Self {
-            global_every,
+            local_layers,
             rope_theta_local,
+            attention_scale,
+            norm_weight_plus_one: g.get_bool("ppl.norm_weight_plus_one") == Some(true),
             gemma,
             rope_neox: matches!(arch.as_str(), "qwen2" | "qwen3" | "gemma3"),
             attn_bias: has("blk.0.attn_q.bias"),
@@ -180,10 +213,10 @@ impl LlamaConfig {
 
     /// Whether layer `i` attends through the sliding window (and which RoPE base it uses).
     pub fn is_local(&self, i: usize) -> bool {
-        match (self.sliding_window, self.global_every) {
-            (Some(_), Some(n)) => n == 0 || i % n < n - 1,
-            (Some(_), None) => true,
-            _ => false,
+        match self.sliding_window {
+            Some(_) if !self.local_layers.is_empty() => self.local_layers.get(i) == Some(&true),
+            Some(_) => true,
+            None => false,
         }
     }
 
@@ -317,16 +350,22 @@ struct RmsNorm {
 }
 
 impl RmsNorm {
-    fn from_raw(raw: &RawTensor<'_>, name: &str, eps: f64) -> Result<Self> {
+    fn from_raw(raw: &RawTensor<'_>, name: &str, c: &LlamaConfig) -> Result<Self> {
+        let w = qtensor(raw, name)?.dequantize(&Device::Cpu)?;
         Ok(Self {
-            weight: qtensor(raw, name)?.dequantize(&Device::Cpu)?,
-            eps: eps as f32,
+            // In f32, as transformers computes `1.0 + weight.float()`.
+            weight: if c.norm_weight_plus_one {
+                (w + 1.0)?
+            } else {
+                w
+            },
+            eps: c.rms_norm_eps as f32,
         })
     }
 
-    fn load(g: &GgufFile, name: &str, dim: usize, eps: f64) -> Result<Self> {
-        let raw = shard::read(g, &TensorSpec::whole(name.to_string(), &[dim]))?;
-        Self::from_raw(&raw, name, eps)
+    fn load(g: &GgufFile, name: &str, c: &LlamaConfig) -> Result<Self> {
+        let raw = shard::read(g, &TensorSpec::whole(name.to_string(), &[c.hidden_size]))?;
+        Self::from_raw(&raw, name, c)
     }
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
@@ -445,6 +484,8 @@ struct Attention {
     n_heads: usize,
     n_kv_heads: usize,
     head_dim: usize,
+    /// Multiplies Q·K (1/√head_dim unless the model says otherwise).
+    scale: f64,
 }
 
 /// `y + bias` broadcast over the rows, in `y`'s dtype.
@@ -475,8 +516,7 @@ impl Attention {
         let k = rope.apply(&norm(k, &self.k_norm)?)?;
         let v = heads(add_bias(self.wv.forward(x)?, &self.bv)?, self.n_kv_heads)?;
         let (k, v) = (self.repeat_kv(k)?, self.repeat_kv(v)?);
-        let scale = 1.0 / (self.head_dim as f64).sqrt();
-        let scores = (q.matmul(&k.t()?)? * scale)?;
+        let scores = (q.matmul(&k.t()?)? * self.scale)?;
         let scores = scores.broadcast_add(&mask.to_dtype(scores.dtype())?)?;
         // Softmax sums in f32 whatever the activations (candle's would sum bf16 in bf16;
         // frameworks accumulate reduced types in f32).
@@ -567,7 +607,7 @@ impl Block {
         };
         let norm = |short: &str| {
             let k = at(short);
-            RmsNorm::from_raw(&tensors[k], &specs[k].name, c.rms_norm_eps)
+            RmsNorm::from_raw(&tensors[k], &specs[k].name, c)
         };
         let vector = |short: &str| -> Result<Option<Tensor>> {
             match index(short) {
@@ -600,6 +640,9 @@ impl Block {
                 n_heads: part.tp_range(c.n_heads).len(),
                 n_kv_heads: part.tp_range(c.n_kv_heads).len(),
                 head_dim: c.head_dim,
+                scale: c
+                    .attention_scale
+                    .unwrap_or(1.0 / (c.head_dim as f64).sqrt()),
             },
             post_attn_norm: optional_norm("post_attention_norm.weight")?,
             ffn_norm: norm("ffn_norm.weight")?,
@@ -888,19 +931,14 @@ impl Llama {
             None => None,
         };
         let norm = if part.head {
-            Some(RmsNorm::load(
-                g,
-                "output_norm.weight",
-                d,
-                config.rms_norm_eps,
-            )?)
+            Some(RmsNorm::load(g, "output_norm.weight", &config)?)
         } else {
             None
         };
         Ok(Self {
-            rope_local: match config.global_every {
-                Some(_) => Some(Rope::new(&config, config.rope_theta_local, None)?),
-                None => None,
+            rope_local: match config.local_layers.is_empty() {
+                false => Some(Rope::new(&config, config.rope_theta_local, None)?),
+                true => None,
             },
             rope: Rope::new(&config, config.rope_theta, freq_factors)?,
             embedding: embedding.map(|table| Embedding {
