@@ -264,17 +264,33 @@ fn load_models(
             (gguf, header.base_precision, Some((header, stored)))
         }
     };
-    if !path.is_file() {
+    if !path.exists() {
         return Err(EvalError::Config(format!(
-            "cannot open the base model {} (--base): no such file; give the GGUF the model is compared with",
+            "cannot open the base model {} (--base): no such file; give the GGUF (or checkpoint directory) the model is compared with",
             path.display()
         )));
     }
     let gguf = GgufFile::open(&path)?;
     let tok = Tokenizer::from_gguf(&gguf)?;
-    if tok.fingerprint != setup.tok.fingerprint {
+    // Different tokenizer files (a GGUF against a Hugging Face checkpoint of the same model)
+    // are fine when they cut this data into the same windows of the same ids.
+    let same_windows = || -> Result<bool, EvalError> {
+        if tok.vocab_size != setup.tok.vocab_size {
+            return Ok(false);
+        }
+        let loaded = crate::data::load(&cfg.data, &cfg.text_field)?;
+        let theirs = crate::pipeline::prepare(cfg, &tok, &loaded)?.plan;
+        let ours = &setup.prepared.plan;
+        Ok(theirs.windows.len() == ours.windows.len()
+            && theirs
+                .windows
+                .iter()
+                .zip(&ours.windows)
+                .all(|(a, b)| a.input == b.input && a.targets == b.targets))
+    };
+    if tok.fingerprint != setup.tok.fingerprint && !same_windows()? {
         return Err(EvalError::Config(format!(
-            "{} and {} have different tokenizers ({} vs {} tokens, fingerprints differ): the comparison needs the same tokens; compare models of one family",
+            "{} and {} have different tokenizers ({} vs {} tokens; they cut this data into different ids): the comparison needs the same tokens; compare models of one family",
             path.display(),
             cfg.model.display(),
             tok.vocab_size,

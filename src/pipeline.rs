@@ -240,7 +240,11 @@ pub(crate) struct Prepared {
     documents: Option<(u64, u64, u64)>,
 }
 
-fn prepare(cfg: &EvalConfig, tok: &Tokenizer, data: &data::Data) -> Result<Prepared, EvalError> {
+pub(crate) fn prepare(
+    cfg: &EvalConfig,
+    tok: &Tokenizer,
+    data: &data::Data,
+) -> Result<Prepared, EvalError> {
     let text = data.text.as_str();
     let too_short = |n: usize, need: usize| {
         EvalError::Data(DataError::Windows(format!(

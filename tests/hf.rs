@@ -228,6 +228,45 @@ fn a_safetensors_export_of_smollm2_evaluates_to_the_gguf_f32_numbers() {
     let tp_hf = eval_model(&dir, &["--ranks", "3", "--tp", "3"]);
     assert_same_numbers(&tp_gguf, &tp_hf);
 
+    // `ppl compare` takes the checkpoint as the base of a GGUF quantization (different
+    // tokenizer files, the same windows of ids): the same numbers as the GGUF's f32 values.
+    let compare = |base: &[&std::ffi::OsStr]| -> serde_json::Value {
+        let out = tmp.path().join("c.json");
+        ppl_cmd()
+            .arg("compare")
+            .args(base)
+            .arg("--model")
+            .arg(common::model())
+            .arg("--data")
+            .arg(common::wikitext())
+            .args([
+                "--ctx",
+                "128",
+                "--chunks",
+                "2",
+                "--progress",
+                "none",
+                "--quiet",
+            ])
+            .arg("--output")
+            .arg(&out)
+            .assert()
+            .success();
+        serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap()
+    };
+    let m = common::model();
+    let from_hf = compare(&["--base".as_ref(), dir.as_os_str()]);
+    let from_gguf = compare(&[
+        "--base".as_ref(),
+        m.as_os_str(),
+        "--base-precision".as_ref(),
+        "f32".as_ref(),
+    ]);
+    for key in ["ppl_base", "ppl_model", "kld_mean", "same_top"] {
+        assert_eq!(from_hf[key], from_gguf[key], "{key}");
+    }
+    assert!(from_hf["kld_mean"].as_f64().unwrap() > 0.0);
+
     // Exporting into a directory that holds files is refused, and leaves it alone.
     ppl_cmd()
         .arg("export")
