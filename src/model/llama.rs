@@ -25,6 +25,7 @@ use candle_core::{DType, Device, Module, Tensor};
 
 use super::gguf::GgufFile;
 use super::kernels::q4_1::Q4_1Matrix;
+use super::kernels::q5_0::Q5_0Matrix;
 use super::quantize::{self, Quantize, Quantized, Site};
 use super::shard::{self, LayerShard, Partition, RawTensor, TensorSpec};
 use super::{ModelError, Precision};
@@ -241,11 +242,12 @@ impl LlamaConfig {
     }
 }
 
-/// A weight matrix used as `x @ W^T`: candle's quantized or dense matmul, or our AVX2 Q4_1
-/// kernel where candle has no SIMD path (see [`super::kernels`]).
+/// A weight matrix used as `x @ W^T`: candle's quantized or dense matmul, or our AVX2 Q4_1 and
+/// Q5_0 kernels where candle has no SIMD path (see [`super::kernels`]).
 enum Linear {
     Candle(QMatMul),
     Q4_1(Q4_1Matrix),
+    Q5_0(Q5_0Matrix),
 }
 
 impl Linear {
@@ -259,6 +261,11 @@ impl Linear {
             let m = Q4_1Matrix::from_bytes(&raw.bytes, raw.shape[0], raw.shape[1])
                 .ok_or_else(|| invalid(format!("tensor '{name}' has a malformed Q4_1 layout")))?;
             return Ok(Linear::Q4_1(m));
+        }
+        if precision == Precision::Native && raw.dtype == GgmlDType::Q5_0 && raw.shape.len() == 2 {
+            let m = Q5_0Matrix::from_bytes(&raw.bytes, raw.shape[0], raw.shape[1])
+                .ok_or_else(|| invalid(format!("tensor '{name}' has a malformed Q5_0 layout")))?;
+            return Ok(Linear::Q5_0(m));
         }
         Self::from_qtensor(Arc::new(qtensor(raw, name)?), precision)
     }
@@ -283,11 +290,17 @@ impl Linear {
                 t.to_dtype(precision.dtype())?,
             ))),
             Quantized::Ggml(qt) => {
-                if precision == Precision::Native && qt.dtype() == GgmlDType::Q4_1 {
+                if precision == Precision::Native {
                     let (n, k) = w.dims2()?;
-                    let bytes = qt.data()?;
-                    if let Some(m) = Q4_1Matrix::from_bytes(&bytes, n, k) {
-                        return Ok(Linear::Q4_1(m));
+                    if qt.dtype() == GgmlDType::Q4_1 {
+                        if let Some(m) = Q4_1Matrix::from_bytes(&qt.data()?, n, k) {
+                            return Ok(Linear::Q4_1(m));
+                        }
+                    }
+                    if qt.dtype() == GgmlDType::Q5_0 {
+                        if let Some(m) = Q5_0Matrix::from_bytes(&qt.data()?, n, k) {
+                            return Ok(Linear::Q5_0(m));
+                        }
                     }
                 }
                 Self::from_qtensor(Arc::new(qt), precision)
@@ -307,6 +320,7 @@ impl Linear {
     fn bytes(&self) -> u64 {
         (match self {
             Linear::Q4_1(m) => m.storage_bytes(),
+            Linear::Q5_0(m) => m.storage_bytes(),
             Linear::Candle(QMatMul::QTensor(q)) => q.storage_size_in_bytes(),
             Linear::Candle(QMatMul::Tensor(t)) | Linear::Candle(QMatMul::TensorF16(t)) => {
                 t.elem_count() * t.dtype().size_in_bytes()
@@ -320,17 +334,24 @@ impl Linear {
             // when a compare reads stored hidden states).
             Linear::Candle(m @ QMatMul::Tensor(w)) => Ok(m.forward(&x.to_dtype(w.dtype())?)?),
             Linear::Candle(m) => Ok(m.forward(x)?),
-            Linear::Q4_1(w) => {
-                let (n, k) = w.shape();
-                let mut dims = x.dims().to_vec();
-                let rows = x.elem_count() / k;
-                let xs = x.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
-                let y = w.matmul(&xs, rows);
-                *dims.last_mut().expect("rank >= 1") = n;
-                Ok(Tensor::from_vec(y, dims, &Device::Cpu)?)
-            }
+            Linear::Q4_1(w) => own_kernel(x, w.shape(), |xs, rows| w.matmul(xs, rows)),
+            Linear::Q5_0(w) => own_kernel(x, w.shape(), |xs, rows| w.matmul(xs, rows)),
         }
     }
+}
+
+/// `x [.., k]` through one of our kernels of shape `(n, k)`: `[.., n]`.
+fn own_kernel(
+    x: &Tensor,
+    (n, k): (usize, usize),
+    matmul: impl Fn(&[f32], usize) -> Vec<f32>,
+) -> Result<Tensor> {
+    let mut dims = x.dims().to_vec();
+    let rows = x.elem_count() / k;
+    let xs = x.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
+    let y = matmul(&xs, rows);
+    *dims.last_mut().expect("rank >= 1") = n;
+    Ok(Tensor::from_vec(y, dims, &Device::Cpu)?)
 }
 
 /// Candle storage for stored bytes.

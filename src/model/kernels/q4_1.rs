@@ -135,7 +135,7 @@ fn dot_rows(
 ) {
     #[cfg(target_arch = "x86_64")]
     {
-        if avx2_available() {
+        if super::avx2_available() {
             // SAFETY: AVX2 and FMA are present (checked above).
             unsafe { avx2::dot_rows(wdm, wqs, a, row, take, res) };
             return;
@@ -144,13 +144,6 @@ fn dot_rows(
     for (i, r) in res.iter_mut().enumerate().take(take) {
         *r = dot_portable(wdm, wqs, a, row + i);
     }
-}
-
-#[cfg(target_arch = "x86_64")]
-fn avx2_available() -> bool {
-    use std::sync::OnceLock;
-    static AVX2: OnceLock<bool> = OnceLock::new();
-    *AVX2.get_or_init(|| is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"))
 }
 
 /// The same operations as the AVX2 kernel, one lane at a time.
@@ -184,14 +177,6 @@ mod avx2 {
     use std::arch::x86_64::*;
 
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn hsum(x: __m256) -> f32 {
-        let mut r = _mm_add_ps(_mm256_extractf128_ps(x, 1), _mm256_castps256_ps128(x));
-        r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-        r = _mm_add_ss(r, _mm_movehdup_ps(r));
-        _mm_cvtss_f32(r)
-    }
-
-    #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn dot_rows(
         wdm: &[[f32; 2]],
         wqs: &[[u8; 16]],
@@ -221,7 +206,7 @@ mod avx2 {
             }
         }
         for i in 0..take {
-            res[i] = hsum(acc[i]) + summs[i];
+            res[i] = super::super::hsum256(acc[i]) + summs[i];
         }
     }
 }
