@@ -117,10 +117,17 @@ fn local_checks(args: &ValidateArgs, list: &mut Checklist) {
                 Status::Pass,
                 "model file",
                 format!(
-                    "{} ({}, GGUF v{})",
+                    "{} ({}, {})",
                     cfg.model.display(),
                     memory::mib(g.file_bytes()),
-                    g.version
+                    if g.is_hf() {
+                        format!(
+                            "Hugging Face checkpoint, {} safetensors file(s)",
+                            g.file_count()
+                        )
+                    } else {
+                        format!("GGUF v{}", g.version)
+                    }
                 ),
             );
             g
