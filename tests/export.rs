@@ -16,21 +16,9 @@ use predicates::str::contains;
 const WORKLOAD: [&str; 4] = ["--ctx", "128", "--chunks", "2"];
 
 fn eval_file(model: &Path, extra: &[&str]) -> Results {
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("r.json");
-    ppl_cmd()
-        .arg("eval")
-        .arg("--model")
-        .arg(model)
-        .arg("--data")
-        .arg(common::wikitext())
-        .args(WORKLOAD)
-        .args(extra)
-        .args(["--progress", "none", "--quiet", "--output"])
-        .arg(&out)
-        .assert()
-        .success();
-    serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap()
+    let mut args = WORKLOAD.to_vec();
+    args.extend_from_slice(extra);
+    common::eval_model(model, &args)
 }
 
 fn run(args: &[&str], output: &Path) -> PathBuf {

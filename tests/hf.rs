@@ -141,21 +141,9 @@ fn qwen3_matches_transformers_with_qk_norms() {
 }
 
 fn eval_model(model: &Path, extra: &[&str]) -> Results {
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("r.json");
-    ppl_cmd()
-        .arg("eval")
-        .arg("--model")
-        .arg(model)
-        .arg("--data")
-        .arg(common::wikitext())
-        .args(["--ctx", "128", "--chunks", "3"])
-        .args(extra)
-        .args(["--progress", "none", "--quiet", "--output"])
-        .arg(&out)
-        .assert()
-        .success();
-    serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap()
+    let mut args = vec!["--ctx", "128", "--chunks", "3"];
+    args.extend_from_slice(extra);
+    common::eval_model(model, &args)
 }
 
 fn tokenize(model: &Path, file: &Path) -> String {

@@ -110,3 +110,22 @@ pub fn assert_same_numbers(a: &Results, b: &Results) {
         .collect();
     assert_eq!(wa, wb);
 }
+
+/// `ppl eval --model MODEL --data wikitext <args> --output tmp.json`, uncached (for models the
+/// test writes itself), parsed.
+pub fn eval_model(model: &Path, args: &[&str]) -> Results {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("r.json");
+    ppl_cmd()
+        .arg("eval")
+        .arg("--model")
+        .arg(model)
+        .arg("--data")
+        .arg(wikitext())
+        .args(args)
+        .args(["--progress", "none", "--quiet", "--output"])
+        .arg(&out)
+        .assert()
+        .success();
+    serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap()
+}
