@@ -25,7 +25,8 @@ use candle_core::{DType, Device, Module, Tensor};
 
 use super::gguf::GgufFile;
 use super::kernels::q4_1::Q4_1Matrix;
-use super::kernels::q5_0::Q5_0Matrix;
+use super::kernels::attention;
+use super::kernels::int8::Int8Matrix;
 use super::quantize::{self, Quantize, Quantized, Site};
 use super::shard::{self, LayerShard, Partition, RawTensor, TensorSpec};
 use super::{ModelError, Precision};
@@ -243,11 +244,12 @@ impl LlamaConfig {
 }
 
 /// A weight matrix used as `x @ W^T`: candle's quantized or dense matmul, or our AVX2 Q4_1 and
-/// Q5_0 kernels where candle has no SIMD path (see [`super::kernels`]).
+/// Q5_0/Q8_0 kernels where a benchmark showed candle's to be the bottleneck (see
+/// [`super::kernels`]).
 enum Linear {
     Candle(QMatMul),
     Q4_1(Q4_1Matrix),
-    Q5_0(Q5_0Matrix),
+    Int8(Int8Matrix),
 }
 
 impl Linear {
@@ -262,10 +264,19 @@ impl Linear {
                 .ok_or_else(|| invalid(format!("tensor '{name}' has a malformed Q4_1 layout")))?;
             return Ok(Linear::Q4_1(m));
         }
-        if precision == Precision::Native && raw.dtype == GgmlDType::Q5_0 && raw.shape.len() == 2 {
-            let m = Q5_0Matrix::from_bytes(&raw.bytes, raw.shape[0], raw.shape[1])
-                .ok_or_else(|| invalid(format!("tensor '{name}' has a malformed Q5_0 layout")))?;
-            return Ok(Linear::Q5_0(m));
+        if precision == Precision::Native && raw.shape.len() == 2 {
+            let (n, k) = (raw.shape[0], raw.shape[1]);
+            let int8 = match raw.dtype {
+                GgmlDType::Q5_0 => Some(Int8Matrix::from_q5_0(&raw.bytes, n, k)),
+                GgmlDType::Q8_0 => Some(Int8Matrix::from_q8_0(&raw.bytes, n, k)),
+                _ => None,
+            };
+            if let Some(m) = int8 {
+                let m = m.ok_or_else(|| {
+                    invalid(format!("tensor '{name}' has a malformed {:?} layout", raw.dtype))
+                })?;
+                return Ok(Linear::Int8(m));
+            }
         }
         Self::from_qtensor(Arc::new(qtensor(raw, name)?), precision)
     }
@@ -297,10 +308,13 @@ impl Linear {
                             return Ok(Linear::Q4_1(m));
                         }
                     }
-                    if qt.dtype() == GgmlDType::Q5_0 {
-                        if let Some(m) = Q5_0Matrix::from_bytes(&qt.data()?, n, k) {
-                            return Ok(Linear::Q5_0(m));
-                        }
+                    let int8 = match qt.dtype() {
+                        GgmlDType::Q5_0 => Int8Matrix::from_q5_0(&qt.data()?, n, k),
+                        GgmlDType::Q8_0 => Int8Matrix::from_q8_0(&qt.data()?, n, k),
+                        _ => None,
+                    };
+                    if let Some(m) = int8 {
+                        return Ok(Linear::Int8(m));
                     }
                 }
                 Self::from_qtensor(Arc::new(qt), precision)
@@ -309,6 +323,19 @@ impl Linear {
     }
 
     fn from_qtensor(q: Arc<QTensor>, precision: Precision) -> Result<Self> {
+        if precision == Precision::Native {
+            if let [n, k] = *q.shape().dims() {
+                let own = match q.dtype() {
+                    GgmlDType::Q4_1 => Q4_1Matrix::from_bytes(&q.data()?, n, k).map(Linear::Q4_1),
+                    GgmlDType::Q5_0 => Int8Matrix::from_q5_0(&q.data()?, n, k).map(Linear::Int8),
+                    GgmlDType::Q8_0 => Int8Matrix::from_q8_0(&q.data()?, n, k).map(Linear::Int8),
+                    _ => None,
+                };
+                if let Some(own) = own {
+                    return Ok(own);
+                }
+            }
+        }
         Ok(Linear::Candle(match precision {
             // QMatMul keeps quantized types quantized and dequantizes F32/F16/BF16 to f32.
             Precision::Native => QMatMul::from_arc(q)?,
@@ -320,7 +347,7 @@ impl Linear {
     fn bytes(&self) -> u64 {
         (match self {
             Linear::Q4_1(m) => m.storage_bytes(),
-            Linear::Q5_0(m) => m.storage_bytes(),
+            Linear::Int8(m) => m.storage_bytes(),
             Linear::Candle(QMatMul::QTensor(q)) => q.storage_size_in_bytes(),
             Linear::Candle(QMatMul::Tensor(t)) | Linear::Candle(QMatMul::TensorF16(t)) => {
                 t.elem_count() * t.dtype().size_in_bytes()
@@ -335,7 +362,7 @@ impl Linear {
             Linear::Candle(m @ QMatMul::Tensor(w)) => Ok(m.forward(&x.to_dtype(w.dtype())?)?),
             Linear::Candle(m) => Ok(m.forward(x)?),
             Linear::Q4_1(w) => own_kernel(x, w.shape(), |xs, rows| w.matmul(xs, rows)),
-            Linear::Q5_0(w) => own_kernel(x, w.shape(), |xs, rows| w.matmul(xs, rows)),
+            Linear::Int8(w) => own_kernel(x, w.shape(), |xs, rows| w.matmul(xs, rows)),
         }
     }
 }
@@ -518,7 +545,7 @@ fn add_bias(y: Tensor, bias: &Option<Tensor>) -> Result<Tensor> {
 }
 
 impl Attention {
-    fn forward(&self, x: &Tensor, rope: &Rope, mask: &Tensor) -> Result<Tensor> {
+    fn forward(&self, x: &Tensor, rope: &Rope, mask: &Mask) -> Result<Tensor> {
         let (b, t, _) = x.dims3()?;
         let heads = |y: Tensor, n: usize| -> Result<Tensor> {
             Ok(y.reshape((b, t, n, self.head_dim))?
@@ -536,9 +563,13 @@ impl Attention {
         let q = rope.apply(&norm(q, &self.q_norm)?)?;
         let k = rope.apply(&norm(k, &self.k_norm)?)?;
         let v = heads(add_bias(self.wv.forward(x)?, &self.bv)?, self.n_kv_heads)?;
+        if q.dtype() == DType::F32 {
+            let y = self.fused(&q, &k, &v, mask.window)?;
+            return add_bias(self.wo.forward(&y)?, &self.bo);
+        }
         let (k, v) = (self.repeat_kv(k)?, self.repeat_kv(v)?);
         let scores = (q.matmul(&k.t()?)? * self.scale)?;
-        let scores = scores.broadcast_add(&mask.to_dtype(scores.dtype())?)?;
+        let scores = scores.broadcast_add(&mask.additive.to_dtype(scores.dtype())?)?;
         // Softmax sums in f32 whatever the activations (candle's would sum bf16 in bf16;
         // frameworks accumulate reduced types in f32).
         let probs = candle_nn::ops::softmax_last_dim(&scores.to_dtype(DType::F32)?)?
@@ -548,6 +579,31 @@ impl Attention {
             .transpose(1, 2)?
             .reshape((b, t, self.n_heads * self.head_dim))?;
         add_bias(self.wo.forward(&y)?, &self.bo)
+    }
+
+    /// f32 attention through our fused causal kernel ([`attention::causal_attention`]):
+    /// `q [b, heads, t, d]`, `k`/`v [b, kv_heads, t, d]` → `[b, t, heads·d]`.
+    fn fused(&self, q: &Tensor, k: &Tensor, v: &Tensor, window: Option<usize>) -> Result<Tensor> {
+        let (b, _, t, d) = q.dims4()?;
+        let flat = |x: &Tensor| -> Result<Vec<f32>> {
+            Ok(x.contiguous()?.flatten_all()?.to_vec1::<f32>()?)
+        };
+        let shape = attention::AttentionShape {
+            batch: b,
+            heads: self.n_heads,
+            kv_heads: self.n_kv_heads,
+            t,
+            head_dim: d,
+        };
+        let y = attention::causal_attention(
+            &flat(q)?,
+            &flat(k)?,
+            &flat(v)?,
+            shape,
+            self.scale as f32,
+            window,
+        );
+        Ok(Tensor::from_vec(y, (b, t, self.n_heads * d), &Device::Cpu)?)
     }
 
     /// Grouped-query attention: each KV head serves `n_heads / n_kv_heads` query heads.
@@ -705,7 +761,7 @@ impl Block {
 
     /// The residual block; under tensor parallelism each branch's partial output is summed
     /// over the group before it is added to the residual stream.
-    fn forward(&self, x: &Tensor, rope: &Rope, mask: &Tensor, cc: &Collectives) -> Result<Tensor> {
+    fn forward(&self, x: &Tensor, rope: &Rope, mask: &Mask, cc: &Collectives) -> Result<Tensor> {
         let post = |y: Tensor, n: &Option<RmsNorm>| -> Result<Tensor> {
             match n {
                 Some(n) => n.forward(&y),
@@ -1137,9 +1193,16 @@ fn release(g: &GgufFile, _copied: &RawTensor<'_>, name: &str) {
     }
 }
 
-/// `[t, t]` additive mask: 0 where position `i` sees position `j` (`j <= i`, and within the
-/// last `window` positions when there is one), -inf elsewhere.
-fn causal_mask(t: usize, window: Option<usize>) -> Result<Tensor> {
+/// Which earlier positions a position sees: `j <= i`, and within the last `window` positions
+/// when there is one. The fused f32 kernel reads the window; other dtypes add the `[t, t]`
+/// mask (0 where `i` sees `j`, -inf elsewhere) to their scores.
+#[derive(Clone)]
+struct Mask {
+    additive: Tensor,
+    window: Option<usize>,
+}
+
+fn causal_mask(t: usize, window: Option<usize>) -> Result<Mask> {
     let w = window.unwrap_or(usize::MAX);
     let mask: Vec<f32> = (0..t)
         .flat_map(|i| {
@@ -1152,5 +1215,8 @@ fn causal_mask(t: usize, window: Option<usize>) -> Result<Tensor> {
             })
         })
         .collect();
-    Ok(Tensor::from_vec(mask, (t, t), &Device::Cpu)?)
+    Ok(Mask {
+        additive: Tensor::from_vec(mask, (t, t), &Device::Cpu)?,
+        window,
+    })
 }

@@ -3,11 +3,13 @@
 //! Measured (2-core AVX2): candle's Q4_1 matmul has no SIMD path on x86 and ran SmolLM2 Q4_1
 //! at 18 tokens/s against 213 tokens/s for its f32 GEMM; its Q5_0 product is scalar too
 //! (Gemma 3 270M Q4_K_M, mostly Q5_0: 12.7 tokens/s natively, 154 in f32). [`q4_1`] (Q4_1 ×
-//! Q8_1) and [`q5_0`] (Q5_0 × Q8_0) are AVX2 matmuls with portable fallbacks that give
-//! bit-identical results.
+//! Q8_1) and [`int8`] (Q5_0 and Q8_0 × Q8_0) are AVX2 micro-kernels with portable fallbacks
+//! that give bit-identical results; [`panel`] quantizes the activations and drives them.
 
+pub mod attention;
+pub mod int8;
+pub mod panel;
 pub mod q4_1;
-pub mod q5_0;
 
 /// AVX2 and FMA, detected once.
 #[cfg(target_arch = "x86_64")]

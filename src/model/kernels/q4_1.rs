@@ -9,9 +9,9 @@
 //! with and without AVX2, for any thread count and any number of rows.
 
 use half::f16;
-use rayon::prelude::*;
 
-pub const BLOCK: usize = 32;
+use super::panel::{self, PanelKernel, PanelRef, BLOCK, PANEL};
+
 /// Bytes of one GGUF Q4_1 block: f16 d, f16 m, 16 bytes of nibbles.
 pub const BLOCK_BYTES: usize = 20;
 
@@ -23,14 +23,6 @@ pub struct Q4_1Matrix {
     dm: Vec<[f32; 2]>,
     /// Per block: 16 bytes; element i < 16 is the low nibble of byte i, element 16+i the high.
     qs: Vec<[u8; 16]>,
-}
-
-/// Activations quantized to Q8_1, row-major blocks.
-pub struct Q8_1Rows {
-    blocks_per_row: usize,
-    d: Vec<f32>,
-    s: Vec<f32>,
-    qs: Vec<[i8; 32]>,
 }
 
 impl Q4_1Matrix {
@@ -62,165 +54,105 @@ impl Q4_1Matrix {
 
     /// `x [m, k]` (row-major) times this matrix transposed: `[m, n]`.
     pub fn matmul(&self, x: &[f32], m: usize) -> Vec<f32> {
-        assert_eq!(x.len(), m * self.k, "activation shape");
-        let a = quantize_rows(x, m, self.k);
-        let mut out = vec![0f32; m * self.n];
-        // Tasks own disjoint groups of output rows; every element is computed by one call of
-        // the kernel, so the split never changes a value.
-        const ROWS_PER_TASK: usize = 16;
-        out.par_chunks_mut(ROWS_PER_TASK * self.n)
-            .enumerate()
-            .for_each(|(t, out)| {
-                let r0 = t * ROWS_PER_TASK;
-                let rows = out.len() / self.n;
-                self.rows_into(&a, r0, rows, out);
-            });
-        out
+        panel::matmul(self, x, m)
     }
 
-    fn rows_into(&self, a: &Q8_1Rows, r0: usize, rows: usize, out: &mut [f32]) {
+    fn row(&self, j: usize) -> (&[[f32; 2]], &[[u8; 16]]) {
         let nb = self.k / BLOCK;
-        let mut r = 0;
-        while r < rows {
-            let take = (rows - r).min(4);
-            for j in 0..self.n {
-                let w = j * nb..(j + 1) * nb;
-                let (wdm, wqs) = (&self.dm[w.clone()], &self.qs[w]);
-                let mut res = [0f32; 4];
-                dot_rows(wdm, wqs, a, r0 + r, take, &mut res);
-                for i in 0..take {
-                    out[(r + i) * self.n + j] = res[i];
-                }
+        let w = j * nb..(j + 1) * nb;
+        (&self.dm[w.clone()], &self.qs[w])
+    }
+}
+
+impl PanelKernel for Q4_1Matrix {
+    fn shape(&self) -> (usize, usize) {
+        (self.n, self.k)
+    }
+
+    fn panel_row(&self, a: PanelRef<'_>, j: usize) -> [f32; PANEL] {
+        let (dm, qs) = self.row(j);
+        #[cfg(target_arch = "x86_64")]
+        {
+            if super::avx2_available() {
+                // SAFETY: AVX2 and FMA are present (checked above).
+                return unsafe { avx2::panel_row(dm, qs, a) };
             }
-            r += take;
         }
-    }
-}
-
-/// llama.cpp's x86 `quantize_row_q8_1`: `d = amax/127`, values `round_half_even(x·127/amax)`,
-/// `s = d·Σq`; d and s stored as f16 (and used as their f32 values).
-pub fn quantize_rows(x: &[f32], m: usize, k: usize) -> Q8_1Rows {
-    let nb = k / BLOCK;
-    let mut out = Q8_1Rows {
-        blocks_per_row: nb,
-        d: Vec::with_capacity(m * nb),
-        s: Vec::with_capacity(m * nb),
-        qs: Vec::with_capacity(m * nb),
-    };
-    for block in x.chunks_exact(BLOCK) {
-        let amax = block.iter().fold(0f32, |a, &v| a.max(v.abs()));
-        let d = amax / 127.0;
-        let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
-        let mut q = [0i8; 32];
-        let mut sum = 0i32;
-        for (qi, &v) in q.iter_mut().zip(block) {
-            *qi = (v * id).round_ties_even() as i8;
-            sum += *qi as i32;
-        }
-        out.d.push(f16::from_f32(d).to_f32());
-        out.s.push(f16::from_f32(d * sum as f32).to_f32());
-        out.qs.push(q);
-    }
-    out
-}
-
-/// Dots of one weight column with `take` (≤ 4) consecutive activation rows.
-fn dot_rows(
-    wdm: &[[f32; 2]],
-    wqs: &[[u8; 16]],
-    a: &Q8_1Rows,
-    row: usize,
-    take: usize,
-    res: &mut [f32; 4],
-) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if super::avx2_available() {
-            // SAFETY: AVX2 and FMA are present (checked above).
-            unsafe { avx2::dot_rows(wdm, wqs, a, row, take, res) };
-            return;
-        }
-    }
-    for (i, r) in res.iter_mut().enumerate().take(take) {
-        *r = dot_portable(wdm, wqs, a, row + i);
+        panel_row_portable(dm, qs, a)
     }
 }
 
 /// The same operations as the AVX2 kernel, one lane at a time.
-pub(crate) fn dot_portable(wdm: &[[f32; 2]], wqs: &[[u8; 16]], a: &Q8_1Rows, row: usize) -> f32 {
-    let nb = a.blocks_per_row;
-    let base = row * nb;
-    let mut acc = [0f32; 8];
-    let mut summs = 0f32;
-    for b in 0..nb {
-        let [dw, mw] = wdm[b];
-        let (da, sa, qa) = (a.d[base + b], a.s[base + b], &a.qs[base + b]);
-        summs += mw * sa;
-        let d = dw * da;
-        let q = &wqs[b];
-        for (l, acc_l) in acc.iter_mut().enumerate() {
-            let mut xy = 0i32;
-            for e in 4 * l..4 * l + 4 {
-                let w = if e < 16 { q[e] & 0x0F } else { q[e - 16] >> 4 } as i32;
-                xy += w * qa[e] as i32;
+pub(crate) fn panel_row_portable(dm: &[[f32; 2]], qs: &[[u8; 16]], a: PanelRef<'_>) -> [f32; PANEL] {
+    std::array::from_fn(|r| {
+        let mut acc = [0f32; 8];
+        let mut summs = 0f32;
+        for (b, ([dw, mw], q)) in dm.iter().zip(qs).enumerate() {
+            let i = b * PANEL + r;
+            let qa = &a.qs[i];
+            summs += mw * a.s[i];
+            let d = dw * a.d[i];
+            for (l, acc_l) in acc.iter_mut().enumerate() {
+                let mut xy = 0i32;
+                for e in 4 * l..4 * l + 4 {
+                    let w = if e < 16 { q[e] & 0x0F } else { q[e - 16] >> 4 } as i32;
+                    xy += w * qa[e] as i32;
+                }
+                *acc_l = d.mul_add(xy as f32, *acc_l);
             }
-            *acc_l = d.mul_add(xy as f32, *acc_l);
         }
-    }
-    let r: [f32; 4] = std::array::from_fn(|i| acc[i + 4] + acc[i]);
-    ((r[0] + r[2]) + (r[1] + r[3])) + summs
+        panel::hsum8(&acc) + summs
+    })
 }
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::Q8_1Rows;
+    use super::super::panel::{PanelRef, PANEL};
     use std::arch::x86_64::*;
 
+    /// Eight accumulators (one per panel row) stay in registers; each weight block is decoded
+    /// once for the eight rows, and their `d_w·d_a` and `m_w·s_a` are one vector product each.
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn dot_rows(
-        wdm: &[[f32; 2]],
-        wqs: &[[u8; 16]],
-        a: &Q8_1Rows,
-        row: usize,
-        take: usize,
-        res: &mut [f32; 4],
-    ) {
-        let nb = a.blocks_per_row;
+    pub(super) unsafe fn panel_row(
+        dm: &[[f32; 2]],
+        qs: &[[u8; 16]],
+        a: PanelRef<'_>,
+    ) -> [f32; PANEL] {
+        let nb = dm.len();
+        assert!(qs.len() == nb && a.qs.len() >= nb * PANEL && a.d.len() >= nb * PANEL);
+        assert!(a.s.len() >= nb * PANEL);
         let low = _mm256_set1_epi8(0x0F);
         let ones = _mm256_set1_epi16(1);
-        let mut acc = [_mm256_setzero_ps(); 4];
-        let mut summs = [0f32; 4];
+        let mut acc = [_mm256_setzero_ps(); PANEL];
+        let mut summs = _mm256_setzero_ps();
+        let (aq, ad, asum) = (a.qs.as_ptr(), a.d.as_ptr(), a.s.as_ptr());
         for b in 0..nb {
-            let [dw, mw] = wdm[b];
-            let raw = _mm_loadu_si128(wqs[b].as_ptr() as *const __m128i);
+            // SAFETY (all pointer reads): b < nb and the lengths were asserted above.
+            let [dw, mw] = *dm.get_unchecked(b);
+            let raw = _mm_loadu_si128(qs.as_ptr().add(b) as *const __m128i);
             // Low nibbles → bytes 0..16, high nibbles → bytes 16..32.
-            let both = _mm256_set_m128i(_mm_srli_epi16(raw, 4), raw);
-            let qw = _mm256_and_si256(both, low);
-            for i in 0..take {
-                let ab = (row + i) * nb + b;
-                summs[i] += mw * a.s[ab];
-                let qa = _mm256_loadu_si256(a.qs[ab].as_ptr() as *const __m256i);
+            let qw = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), low);
+            let da = _mm256_loadu_ps(ad.add(b * PANEL));
+            let sa = _mm256_loadu_ps(asum.add(b * PANEL));
+            summs = _mm256_add_ps(summs, _mm256_mul_ps(_mm256_set1_ps(mw), sa));
+            let mut d = [0f32; PANEL];
+            _mm256_storeu_ps(d.as_mut_ptr(), _mm256_mul_ps(_mm256_set1_ps(dw), da));
+            for (r, acc_r) in acc.iter_mut().enumerate() {
+                let qa = _mm256_loadu_si256(aq.add(b * PANEL + r) as *const __m256i);
                 let dot = _mm256_madd_epi16(_mm256_maddubs_epi16(qw, qa), ones);
-                let d = _mm256_set1_ps(dw * a.d[ab]);
-                acc[i] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot), acc[i]);
+                *acc_r = _mm256_fmadd_ps(_mm256_set1_ps(d[r]), _mm256_cvtepi32_ps(dot), *acc_r);
             }
         }
-        for i in 0..take {
-            res[i] = super::super::hsum256(acc[i]) + summs[i];
-        }
+        let mut s = [0f32; PANEL];
+        _mm256_storeu_ps(s.as_mut_ptr(), summs);
+        std::array::from_fn(|r| super::super::hsum256(acc[r]) + s[r])
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::panel::{tests::lcg, Panels};
     use super::*;
-
-    fn lcg(seed: &mut u64) -> f32 {
-        *seed = seed
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
 
     fn random_q4_1(n: usize, k: usize, seed: &mut u64) -> Vec<u8> {
         let mut bytes = Vec::new();
@@ -235,23 +167,24 @@ mod tests {
     }
 
     /// Dequantized weights times the dequantized Q8_1 activations, in f64.
-    fn naive(wm: &Q4_1Matrix, a: &Q8_1Rows, m: usize) -> Vec<f64> {
+    fn naive(wm: &Q4_1Matrix, a: &Panels, m: usize) -> Vec<f64> {
         let nb = wm.k / BLOCK;
         let mut out = vec![0f64; m * wm.n];
-        for r in 0..m {
+        for row in 0..m {
+            let (p, r) = (a.panel(row / PANEL), row % PANEL);
             for j in 0..wm.n {
                 let mut s = 0f64;
                 for b in 0..nb {
                     let [d, mn] = wm.dm[j * nb + b];
                     let q = &wm.qs[j * nb + b];
-                    let ab = r * nb + b;
+                    let i = b * PANEL + r;
                     for e in 0..32 {
                         let w = if e < 16 { q[e] & 15 } else { q[e - 16] >> 4 } as f64;
-                        s += (d as f64 * w) * (a.d[ab] as f64 * a.qs[ab][e] as f64);
+                        s += (d as f64 * w) * (p.d[i] as f64 * p.qs[i][e] as f64);
                     }
-                    s += mn as f64 * a.s[ab] as f64;
+                    s += mn as f64 * p.s[i] as f64;
                 }
-                out[r * wm.n + j] = s;
+                out[row * wm.n + j] = s;
             }
         }
         out
@@ -260,29 +193,29 @@ mod tests {
     #[test]
     fn matches_naive_reference_and_portable_path_bit_for_bit() {
         let mut seed = 7;
-        for &(m, n, k) in &[(1, 1, 32), (3, 5, 64), (7, 33, 96), (21, 17, 576)] {
+        for &(m, n, k) in &[(1, 1, 32), (3, 5, 64), (7, 33, 96), (21, 17, 576), (9, 130, 64)] {
             let w = Q4_1Matrix::from_bytes(&random_q4_1(n, k, &mut seed), n, k).unwrap();
             let x: Vec<f32> = (0..m * k).map(|_| lcg(&mut seed) * 3.0).collect();
             let got = w.matmul(&x, m);
-            let a = quantize_rows(&x, m, k);
+            let a = Panels::quantize(&x, m, k);
             let want = naive(&w, &a, m);
-            for r in 0..m {
+            for row in 0..m {
                 for j in 0..n {
-                    let (g, e) = (got[r * n + j] as f64, want[r * n + j]);
+                    let (g, e) = (got[row * n + j] as f64, want[row * n + j]);
                     assert!(
                         (g - e).abs() <= 1e-4 * (1.0 + e.abs()),
-                        "({m},{n},{k}) [{r},{j}] {g} vs {e}"
+                        "({m},{n},{k}) [{row},{j}] {g} vs {e}"
                     );
-                    assert_eq!(
-                        got[r * n + j].to_bits(),
-                        dot_portable(
-                            &w.dm[j * (k / 32)..(j + 1) * (k / 32)],
-                            &w.qs[j * (k / 32)..(j + 1) * (k / 32)],
-                            &a,
-                            r
-                        )
-                        .to_bits()
-                    );
+                }
+            }
+            for p in 0..m.div_ceil(PANEL) {
+                for j in 0..n {
+                    let (dm, qs) = w.row(j);
+                    let portable = panel_row_portable(dm, qs, a.panel(p));
+                    for r in 0..PANEL.min(m - p * PANEL) {
+                        let g = got[(p * PANEL + r) * n + j];
+                        assert_eq!(g.to_bits(), portable[r].to_bits(), "({m},{n},{k})");
+                    }
                 }
             }
         }
@@ -299,20 +232,8 @@ mod tests {
             let one = w.matmul(&x[r * k..(r + 1) * k], 1);
             assert_eq!(&all[r * n..(r + 1) * n], one.as_slice());
         }
-    }
-
-    #[test]
-    fn q8_1_quantization_follows_llama_cpp() {
-        let mut x = vec![0f32; 32];
-        x[0] = 127.0; // amax: d = 1, id = 1
-        x[1] = -2.5; // ties go to even (roundf would give -3)
-        x[2] = 3.5;
-        x[3] = 0.49;
-        let a = quantize_rows(&x, 1, 32);
-        assert_eq!(&a.qs[0][..4], &[127, -2, 4, 0]);
-        assert_eq!(a.d[0], 1.0);
-        assert_eq!(a.s[0], 129.0);
-        let zero = quantize_rows(&[0f32; 32], 1, 32);
-        assert_eq!((zero.d[0], zero.s[0], zero.qs[0]), (0.0, 0.0, [0i8; 32]));
+        // Rows 3.. start at a different place in their panels.
+        let tail = w.matmul(&x[3 * k..], 34);
+        assert_eq!(&all[3 * n..], tail.as_slice());
     }
 }
