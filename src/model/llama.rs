@@ -24,9 +24,9 @@ use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor};
 use candle_core::{DType, Device, Module, Tensor};
 
 use super::gguf::GgufFile;
-use super::kernels::q4_1::Q4_1Matrix;
 use super::kernels::attention;
 use super::kernels::int8::Int8Matrix;
+use super::kernels::q4_1::Q4_1Matrix;
 use super::quantize::{self, Quantize, Quantized, Site};
 use super::shard::{self, LayerShard, Partition, RawTensor, TensorSpec};
 use super::{ModelError, Precision};
@@ -249,7 +249,7 @@ impl LlamaConfig {
 enum Linear {
     Candle(QMatMul),
     Q4_1(Q4_1Matrix),
-    Int8(Int8Matrix),
+    Int8(Arc<Int8Matrix>),
 }
 
 impl Linear {
@@ -273,9 +273,12 @@ impl Linear {
             };
             if let Some(m) = int8 {
                 let m = m.ok_or_else(|| {
-                    invalid(format!("tensor '{name}' has a malformed {:?} layout", raw.dtype))
+                    invalid(format!(
+                        "tensor '{name}' has a malformed {:?} layout",
+                        raw.dtype
+                    ))
                 })?;
-                return Ok(Linear::Int8(m));
+                return Ok(Linear::Int8(Arc::new(m)));
             }
         }
         Self::from_qtensor(Arc::new(qtensor(raw, name)?), precision)
@@ -314,7 +317,7 @@ impl Linear {
                         _ => None,
                     };
                     if let Some(m) = int8 {
-                        return Ok(Linear::Int8(m));
+                        return Ok(Linear::Int8(Arc::new(m)));
                     }
                 }
                 Self::from_qtensor(Arc::new(qt), precision)
@@ -327,8 +330,12 @@ impl Linear {
             if let [n, k] = *q.shape().dims() {
                 let own = match q.dtype() {
                     GgmlDType::Q4_1 => Q4_1Matrix::from_bytes(&q.data()?, n, k).map(Linear::Q4_1),
-                    GgmlDType::Q5_0 => Int8Matrix::from_q5_0(&q.data()?, n, k).map(Linear::Int8),
-                    GgmlDType::Q8_0 => Int8Matrix::from_q8_0(&q.data()?, n, k).map(Linear::Int8),
+                    GgmlDType::Q5_0 => {
+                        Int8Matrix::from_q5_0(&q.data()?, n, k).map(|m| Linear::Int8(Arc::new(m)))
+                    }
+                    GgmlDType::Q8_0 => {
+                        Int8Matrix::from_q8_0(&q.data()?, n, k).map(|m| Linear::Int8(Arc::new(m)))
+                    }
                     _ => None,
                 };
                 if let Some(own) = own {
@@ -436,6 +443,8 @@ struct Embedding {
 
 enum EmbeddingTable {
     Quantized(Arc<QTensor>),
+    /// The tied output layer's decoded Q5_0/Q8_0 rows (native precision).
+    Int8(Arc<Int8Matrix>),
     Dense(Tensor),
 }
 
@@ -469,6 +478,15 @@ impl Embedding {
         };
         let x = match &self.table {
             EmbeddingTable::Quantized(q) => q.embedding(&ids)?,
+            EmbeddingTable::Int8(m) => {
+                let k = m.shape().1;
+                let ids = ids.flatten_all()?.to_vec1::<u32>()?;
+                let mut rows = vec![0f32; ids.len() * k];
+                for (row, &id) in rows.chunks_exact_mut(k).zip(&ids) {
+                    m.dequantize_row(id as usize, row);
+                }
+                Tensor::from_vec(rows, (b, s, k), &Device::Cpu)?
+            }
             EmbeddingTable::Dense(t) => {
                 t.index_select(&ids.flatten_all()?, 0)?
                     .reshape((b, s, t.dim(1)?))?
@@ -483,6 +501,7 @@ impl Embedding {
     fn bytes(&self) -> u64 {
         (match &self.table {
             EmbeddingTable::Quantized(q) => q.storage_size_in_bytes(),
+            EmbeddingTable::Int8(m) => m.storage_bytes(),
             EmbeddingTable::Dense(t) => t.elem_count() * t.dtype().size_in_bytes(),
         }) as u64
     }
@@ -930,7 +949,13 @@ impl Llama {
                 embedding = Some(match (quant_embd, precision) {
                     (Some(q), _) => requantized(&q)?,
                     (None, Precision::Native) => {
-                        if embd.dtype().block_size() == 1 {
+                        // The tied output layer's decoded rows serve the lookups too.
+                        if let Some(Linear::Int8(m)) = output
+                            .as_ref()
+                            .filter(|_| config.tied_embeddings && quant_out.is_none())
+                        {
+                            EmbeddingTable::Int8(m.clone())
+                        } else if embd.dtype().block_size() == 1 {
                             EmbeddingTable::Dense(embd.dequantize(&Device::Cpu)?)
                         } else {
                             EmbeddingTable::Quantized(embd.clone())
@@ -1059,7 +1084,7 @@ impl Llama {
             && (self.precision != Precision::Native
                 || matches!(
                     self.embedding.as_ref().map(|e| &e.table),
-                    Some(EmbeddingTable::Quantized(_))
+                    Some(EmbeddingTable::Quantized(_) | EmbeddingTable::Int8(_))
                 ));
         let norm = self
             .norm

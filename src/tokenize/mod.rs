@@ -107,6 +107,47 @@ pub fn bpe_pre_tokenizer(pre: &str) -> Option<PreTokenizerWrapper> {
     })
 }
 
+/// Bytes of text handed to a byte-level BPE tokenizer at once. The `tokenizers` crate keeps
+/// about 90 bytes of bookkeeping per input byte while it encodes (offsets, alignments, token
+/// strings): wikitext-2's 1.3 MB test file took 116 MB, the largest allocation of a whole
+/// SmolLM2 evaluation.
+const PIECE_BYTES: usize = 1 << 16;
+
+/// `text` cut into pieces of at least `target` bytes (the last may be shorter). A cut is made
+/// only where the byte-level pre-tokenizers ppl builds (GPT-2's pattern, digit splitting,
+/// Llama 3's and Qwen2's patterns) end a pre-token whether or not the text goes on:
+/// - after a lone newline between two ASCII non-space characters (`x\n|Y`): the newline is
+///   a pre-token of its own either way;
+/// - between a whitespace run ending in a newline and a space that starts a word
+///   (`\n| The`): the run is one pre-token (GPT-2's `\s+(?!\S)` stops before the space,
+///   Llama 3's `\s*[\r\n]+` at the last newline), and so it is at the end of a piece;
+///   wikitext's lines all start this way.
+///
+/// So the pieces' ids are the whole text's ids (the whole-wikitext test checks this against
+/// llama.cpp's ids).
+fn pieces(text: &str, target: usize) -> impl Iterator<Item = &str> {
+    let bytes = text.as_bytes();
+    let solid = |b: u8| b.is_ascii_graphic();
+    let mut start = 0;
+    std::iter::from_fn(move || {
+        if start >= bytes.len() {
+            return None;
+        }
+        let from = start.saturating_add(target).max(start + 2);
+        let cut = (from..bytes.len())
+            .find(|&i| {
+                bytes[i - 1] == b'\n'
+                    && ((solid(bytes[i - 2]) && solid(bytes[i]))
+                        || (bytes[i] == b' '
+                            && bytes.get(i + 1).is_some_and(u8::is_ascii_alphabetic)))
+            })
+            .unwrap_or(bytes.len());
+        let piece = &text[start..cut];
+        start = cut;
+        Some(piece)
+    })
+}
+
 impl Tokenizer {
     /// The model's tokenizer: from GGUF metadata, or a checkpoint's `tokenizer.json`.
     pub fn from_gguf(g: &GgufFile) -> Result<Self> {
@@ -413,10 +454,18 @@ impl Tokenizer {
                 Fragment::Text(t) => {
                     match &self.model {
                         Model::Tokenizers(tok) => {
-                            let enc = tok
-                                .encode_fast(t, false)
-                                .map_err(|e| TokenizeError::Encode(e.to_string()))?;
-                            ids.extend_from_slice(enc.get_ids());
+                            // GGUF byte-level BPE (a known `pre`) may be fed in pieces.
+                            let piece_bytes = if self.pre.is_some() {
+                                PIECE_BYTES
+                            } else {
+                                usize::MAX
+                            };
+                            for piece in pieces(t, piece_bytes) {
+                                let enc = tok
+                                    .encode_fast(piece, false)
+                                    .map_err(|e| TokenizeError::Encode(e.to_string()))?;
+                                ids.extend_from_slice(enc.get_ids());
+                            }
                         }
                         Model::Spm(spm) => {
                             let prefixed;
@@ -481,6 +530,24 @@ fn partition<'a>(text: &'a str, tokens: &[(String, u32)]) -> Vec<Fragment<'a>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pieces_are_cut_only_where_a_pre_token_ends() {
+        let text = "ab\n\ncd\n 1f\ngh\n\u{a0}x\nyz \n \n Word\n  two\n";
+        let got: Vec<&str> = pieces(text, 1).collect();
+        assert_eq!(
+            got,
+            vec![
+                "ab\n\ncd\n 1f\n",
+                "gh\n\u{a0}x\n",
+                "yz \n \n",
+                " Word\n  two\n"
+            ]
+        );
+        assert_eq!(got.concat(), text);
+        assert_eq!(pieces(text, usize::MAX).collect::<Vec<_>>(), vec![text]);
+        assert_eq!(pieces("", 4).count(), 0);
+    }
 
     #[test]
     fn partition_prefers_longest_token_and_keeps_text_order() {

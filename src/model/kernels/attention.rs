@@ -235,7 +235,7 @@ const EXP_POLY: [f32; 6] = [
     8.333_452e-3,
     4.166_579_6e-2,
     1.666_666_5e-1,
-    5.000_000_1e-1,
+    0.5, // Cephes: 5.0000001201e-1, which is 0.5 in f32
 ];
 
 /// `e^x` (f32): the scalar definition the AVX2 version reproduces bit for bit.
@@ -330,7 +330,10 @@ mod avx2 {
 
     #[target_feature(enable = "avx2,fma")]
     unsafe fn exp8(x: __m256) -> __m256 {
-        let x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(EXP_LO)), _mm256_set1_ps(EXP_HI));
+        let x = _mm256_min_ps(
+            _mm256_max_ps(x, _mm256_set1_ps(EXP_LO)),
+            _mm256_set1_ps(EXP_HI),
+        );
         const NEAREST: i32 = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
         let n = _mm256_round_ps::<NEAREST>(_mm256_mul_ps(x, _mm256_set1_ps(LOG2E)));
         let r = _mm256_fmadd_ps(n, _mm256_set1_ps(-LN2_HI), x);
@@ -358,7 +361,13 @@ mod tests {
 
     /// Textbook attention in f64 with an explicit mask.
     fn naive(q: &[f32], k: &[f32], v: &[f32], s: AttentionShape, scale: f64, w: usize) -> Vec<f64> {
-        let AttentionShape { batch, heads, kv_heads, t, head_dim: d } = s;
+        let AttentionShape {
+            batch,
+            heads,
+            kv_heads,
+            t,
+            head_dim: d,
+        } = s;
         let mut y = vec![0f64; batch * t * heads * d];
         for b in 0..batch {
             for h in 0..heads {
@@ -370,7 +379,10 @@ mod tests {
                         .iter()
                         .map(|&j| {
                             let kj = &k[(kv * t + j) * d..][..d];
-                            qi.iter().zip(kj).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>()
+                            qi.iter()
+                                .zip(kj)
+                                .map(|(&a, &b)| a as f64 * b as f64)
+                                .sum::<f64>()
                                 * scale
                         })
                         .collect();
@@ -394,19 +406,81 @@ mod tests {
     fn matches_naive_attention_on_odd_shapes() {
         let mut seed = 29;
         for (shape, window) in [
-            (AttentionShape { batch: 1, heads: 1, kv_heads: 1, t: 1, head_dim: 8 }, None),
-            (AttentionShape { batch: 2, heads: 3, kv_heads: 1, t: 37, head_dim: 16 }, None),
-            (AttentionShape { batch: 1, heads: 4, kv_heads: 2, t: 70, head_dim: 24 }, Some(9)),
-            (AttentionShape { batch: 1, heads: 2, kv_heads: 2, t: 45, head_dim: 12 }, Some(1)),
-            (AttentionShape { batch: 1, heads: 2, kv_heads: 1, t: 130, head_dim: 72 }, None),
+            (
+                AttentionShape {
+                    batch: 1,
+                    heads: 1,
+                    kv_heads: 1,
+                    t: 1,
+                    head_dim: 8,
+                },
+                None,
+            ),
+            (
+                AttentionShape {
+                    batch: 2,
+                    heads: 3,
+                    kv_heads: 1,
+                    t: 37,
+                    head_dim: 16,
+                },
+                None,
+            ),
+            (
+                AttentionShape {
+                    batch: 1,
+                    heads: 4,
+                    kv_heads: 2,
+                    t: 70,
+                    head_dim: 24,
+                },
+                Some(9),
+            ),
+            (
+                AttentionShape {
+                    batch: 1,
+                    heads: 2,
+                    kv_heads: 2,
+                    t: 45,
+                    head_dim: 12,
+                },
+                Some(1),
+            ),
+            (
+                AttentionShape {
+                    batch: 1,
+                    heads: 2,
+                    kv_heads: 1,
+                    t: 130,
+                    head_dim: 72,
+                },
+                None,
+            ),
         ] {
-            let AttentionShape { batch, heads, kv_heads, t, head_dim: d } = shape;
-            let q: Vec<f32> = (0..batch * heads * t * d).map(|_| lcg(&mut seed) * 2.0).collect();
-            let k: Vec<f32> = (0..batch * kv_heads * t * d).map(|_| lcg(&mut seed) * 2.0).collect();
+            let AttentionShape {
+                batch,
+                heads,
+                kv_heads,
+                t,
+                head_dim: d,
+            } = shape;
+            let q: Vec<f32> = (0..batch * heads * t * d)
+                .map(|_| lcg(&mut seed) * 2.0)
+                .collect();
+            let k: Vec<f32> = (0..batch * kv_heads * t * d)
+                .map(|_| lcg(&mut seed) * 2.0)
+                .collect();
             let v: Vec<f32> = (0..k.len()).map(|_| lcg(&mut seed)).collect();
             let scale = 1.0 / (d as f32).sqrt();
             let got = causal_attention(&q, &k, &v, shape, scale, window);
-            let want = naive(&q, &k, &v, shape, scale as f64, window.unwrap_or(usize::MAX));
+            let want = naive(
+                &q,
+                &k,
+                &v,
+                shape,
+                scale as f64,
+                window.unwrap_or(usize::MAX),
+            );
             for (i, (&g, &e)) in got.iter().zip(&want).enumerate() {
                 assert!((g as f64 - e).abs() < 2e-5, "{shape:?} [{i}] {g} vs {e}");
             }
@@ -416,7 +490,13 @@ mod tests {
     #[test]
     fn a_sequence_does_not_depend_on_its_batch_mates() {
         let mut seed = 31;
-        let s = AttentionShape { batch: 3, heads: 3, kv_heads: 3, t: 40, head_dim: 16 };
+        let s = AttentionShape {
+            batch: 3,
+            heads: 3,
+            kv_heads: 3,
+            t: 40,
+            head_dim: 16,
+        };
         let n = s.heads * s.t * s.head_dim;
         let q: Vec<f32> = (0..3 * n).map(|_| lcg(&mut seed)).collect();
         let k: Vec<f32> = (0..3 * n).map(|_| lcg(&mut seed)).collect();
@@ -431,7 +511,15 @@ mod tests {
     fn portable_paths_give_the_same_bits() {
         let mut seed = 37;
         let mut xs: Vec<f32> = (0..1000).map(|_| lcg(&mut seed) * 100.0 - 50.0).collect();
-        xs.extend([0.0, -0.0, -87.0, -88.0, -1e30, 88.0, -0.5 * std::f32::consts::LN_2]);
+        xs.extend([
+            0.0,
+            -0.0,
+            -87.0,
+            -88.0,
+            -1e30,
+            88.0,
+            -0.5 * std::f32::consts::LN_2,
+        ]);
         let mut simd = xs.clone();
         exp_in_place(&mut simd);
         for (x, e) in xs.iter().zip(&simd) {
@@ -450,8 +538,19 @@ mod tests {
                 *x = lcg(&mut seed);
             }
         }
-        let head = Head { q: &q, kt: &kt, v: &[], d, cols, scale: 1.0, window: usize::MAX };
-        let (mut s1, mut s2) = (vec![0f32; QUERY_GROUP * cols], vec![0f32; QUERY_GROUP * cols]);
+        let head = Head {
+            q: &q,
+            kt: &kt,
+            v: &[],
+            d,
+            cols,
+            scale: 1.0,
+            window: usize::MAX,
+        };
+        let (mut s1, mut s2) = (
+            vec![0f32; QUERY_GROUP * cols],
+            vec![0f32; QUERY_GROUP * cols],
+        );
         for (first, live) in [(0, 4), (17, 4), (18, 3), (20, 1)] {
             head.scores(first, live, 0..cols, &mut s1);
             head.scores_portable(first, live, 0..cols, &mut s2);

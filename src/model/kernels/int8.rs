@@ -96,6 +96,17 @@ impl Int8Matrix {
         panel::matmul(self, x, m)
     }
 
+    /// Row `j` as f32, `d·q` per value: the same numbers as ggml's (and candle's) Q5_0 and
+    /// Q8_0 dequantization, so a tied embedding can be looked up here.
+    pub fn dequantize_row(&self, j: usize, out: &mut [f32]) {
+        let (d, qs) = self.row(j);
+        for ((o, &d), q) in out.chunks_exact_mut(BLOCK).zip(d).zip(qs) {
+            for (o, &q) in o.iter_mut().zip(q) {
+                *o = q as f32 * d;
+            }
+        }
+    }
+
     fn row(&self, j: usize) -> (&[f32], &[[i8; 32]]) {
         let nb = self.k / BLOCK;
         let w = j * nb..(j + 1) * nb;
@@ -161,7 +172,10 @@ mod avx2 {
             let aw = _mm256_sign_epi8(qw, qw);
             let da = _mm256_loadu_ps(ad.add(b * PANEL));
             let mut d = [0f32; PANEL];
-            _mm256_storeu_ps(d.as_mut_ptr(), _mm256_mul_ps(_mm256_set1_ps(*wd.get_unchecked(b)), da));
+            _mm256_storeu_ps(
+                d.as_mut_ptr(),
+                _mm256_mul_ps(_mm256_set1_ps(*wd.get_unchecked(b)), da),
+            );
             for (r, acc_r) in acc.iter_mut().enumerate() {
                 let qa = _mm256_loadu_si256(aq.add(b * PANEL + r) as *const __m256i);
                 let sa = _mm256_sign_epi8(qa, qw);
@@ -195,7 +209,11 @@ mod tests {
             bytes.extend_from_slice(&f16::from_f32(lcg(seed) * 0.01).to_le_bytes());
             for e in 0..32 {
                 // Include −128, which ggml's quantizer never writes but a file may hold.
-                let v = if b % 7 == 0 && e == 3 { -128 } else { (lcg(seed) * 127.9) as i8 };
+                let v = if b % 7 == 0 && e == 3 {
+                    -128
+                } else {
+                    (lcg(seed) * 127.9) as i8
+                };
                 bytes.push(v as u8);
             }
         }
@@ -206,7 +224,11 @@ mod tests {
     fn q5_0_value(blk: &[u8], e: usize) -> f64 {
         let d = f16::from_le_bytes([blk[0], blk[1]]).to_f64();
         let qh = u32::from_le_bytes([blk[2], blk[3], blk[4], blk[5]]);
-        let nib = if e < 16 { blk[6 + e] & 15 } else { blk[6 + e - 16] >> 4 };
+        let nib = if e < 16 {
+            blk[6 + e] & 15
+        } else {
+            blk[6 + e - 16] >> 4
+        };
         d * ((nib as i32 | (((qh >> e) & 1) as i32) << 4) - 16) as f64
     }
 
@@ -271,7 +293,13 @@ mod tests {
     #[test]
     fn q5_0_matches_naive_reference_and_portable_path_bit_for_bit() {
         let mut seed = 11;
-        for &(m, n, k) in &[(1, 1, 32), (3, 5, 64), (7, 33, 96), (21, 17, 640), (9, 131, 64)] {
+        for &(m, n, k) in &[
+            (1, 1, 32),
+            (3, 5, 64),
+            (7, 33, 96),
+            (21, 17, 640),
+            (9, 131, 64),
+        ] {
             let bytes = random_q5_0(n, k, &mut seed);
             let w = Int8Matrix::from_q5_0(&bytes, n, k).unwrap();
             let x: Vec<f32> = (0..m * k).map(|_| lcg(&mut seed) * 3.0).collect();
@@ -283,12 +311,53 @@ mod tests {
     #[test]
     fn q8_0_matches_naive_reference_and_portable_path_bit_for_bit() {
         let mut seed = 19;
-        for &(m, n, k) in &[(1, 1, 32), (5, 3, 64), (17, 33, 96), (8, 9, 576), (10, 129, 32)] {
+        for &(m, n, k) in &[
+            (1, 1, 32),
+            (5, 3, 64),
+            (17, 33, 96),
+            (8, 9, 576),
+            (10, 129, 32),
+        ] {
             let bytes = random_q8_0(n, k, &mut seed);
             let w = Int8Matrix::from_q8_0(&bytes, n, k).unwrap();
             let x: Vec<f32> = (0..m * k).map(|_| lcg(&mut seed) * 3.0).collect();
             let want = |a: &Panels, m| naive(&bytes, Q8_0_BLOCK_BYTES, q8_0_value, (n, k), a, m);
             check(&w, want, &x, m);
+        }
+    }
+
+    #[test]
+    fn dequantized_rows_equal_candles_dequantization() {
+        use candle_core::quantized::{GgmlDType, QTensor};
+        use candle_core::Device;
+        let mut seed = 23;
+        let (n, k) = (3, 64);
+        for (dtype, bytes) in [
+            (GgmlDType::Q8_0, random_q8_0(n, k, &mut seed)),
+            (GgmlDType::Q5_0, random_q5_0(n, k, &mut seed)),
+        ] {
+            let w = match dtype {
+                GgmlDType::Q8_0 => Int8Matrix::from_q8_0(&bytes, n, k),
+                _ => Int8Matrix::from_q5_0(&bytes, n, k),
+            }
+            .unwrap();
+            let storage = candle_core::quantized::QStorage::from_data(
+                std::borrow::Cow::Borrowed(&bytes),
+                &Device::Cpu,
+                dtype,
+            )
+            .unwrap();
+            let q = QTensor::new(storage, (n, k)).unwrap();
+            let want = q
+                .dequantize(&Device::Cpu)
+                .unwrap()
+                .to_vec2::<f32>()
+                .unwrap();
+            for (j, want) in want.iter().enumerate() {
+                let mut row = vec![0f32; k];
+                w.dequantize_row(j, &mut row);
+                assert_eq!(&row, want, "{dtype:?} row {j}");
+            }
         }
     }
 

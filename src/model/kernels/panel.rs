@@ -46,7 +46,10 @@ pub struct PanelRef<'a> {
 impl Panels {
     /// Quantizes `x [m, k]` (row-major; `k` a multiple of [`BLOCK`]).
     pub fn quantize(x: &[f32], m: usize, k: usize) -> Self {
-        assert!(k.is_multiple_of(BLOCK) && x.len() == m * k, "activation shape");
+        assert!(
+            k.is_multiple_of(BLOCK) && x.len() == m * k,
+            "activation shape"
+        );
         let nb = k / BLOCK;
         let panels = m.div_ceil(PANEL);
         let per_panel = nb * PANEL;
@@ -115,7 +118,10 @@ pub(crate) fn quantize_block_portable(x: &[f32], q: &mut [i8; BLOCK]) -> (f32, f
         sum += *qi as i32;
     }
     // llama.cpp forms s from the unrounded d.
-    (f16::from_f32(d).to_f32(), f16::from_f32(d * sum as f32).to_f32())
+    (
+        f16::from_f32(d).to_f32(),
+        f16::from_f32(d * sum as f32).to_f32(),
+    )
 }
 
 /// A weight format's micro-kernel: the outputs of weight row `j` for the eight activation rows
@@ -212,9 +218,13 @@ mod avx2 {
             _mm256_packs_epi32(i[0], i[1]),
             _mm256_packs_epi32(i[2], i[3]),
         );
-        let ordered = _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        let ordered =
+            _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
         _mm256_storeu_si256(q.as_mut_ptr() as *mut __m256i, ordered);
-        (f16::from_f32(d).to_f32(), f16::from_f32(d * sum as f32).to_f32())
+        (
+            f16::from_f32(d).to_f32(),
+            f16::from_f32(d * sum as f32).to_f32(),
+        )
     }
 }
 
@@ -255,7 +265,10 @@ pub(crate) mod tests {
                 let (mut q1, mut q2) = ([0i8; 32], [0i8; 32]);
                 let a = quantize_block(&x, &mut q1);
                 let b = quantize_block_portable(&x, &mut q2);
-                assert_eq!((a.0.to_bits(), a.1.to_bits(), q1), (b.0.to_bits(), b.1.to_bits(), q2));
+                assert_eq!(
+                    (a.0.to_bits(), a.1.to_bits(), q1),
+                    (b.0.to_bits(), b.1.to_bits(), q2)
+                );
             }
         }
     }

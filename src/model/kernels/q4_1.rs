@@ -83,7 +83,11 @@ impl PanelKernel for Q4_1Matrix {
 }
 
 /// The same operations as the AVX2 kernel, one lane at a time.
-pub(crate) fn panel_row_portable(dm: &[[f32; 2]], qs: &[[u8; 16]], a: PanelRef<'_>) -> [f32; PANEL] {
+pub(crate) fn panel_row_portable(
+    dm: &[[f32; 2]],
+    qs: &[[u8; 16]],
+    a: PanelRef<'_>,
+) -> [f32; PANEL] {
     std::array::from_fn(|r| {
         let mut acc = [0f32; 8];
         let mut summs = 0f32;
@@ -193,7 +197,13 @@ mod tests {
     #[test]
     fn matches_naive_reference_and_portable_path_bit_for_bit() {
         let mut seed = 7;
-        for &(m, n, k) in &[(1, 1, 32), (3, 5, 64), (7, 33, 96), (21, 17, 576), (9, 130, 64)] {
+        for &(m, n, k) in &[
+            (1, 1, 32),
+            (3, 5, 64),
+            (7, 33, 96),
+            (21, 17, 576),
+            (9, 130, 64),
+        ] {
             let w = Q4_1Matrix::from_bytes(&random_q4_1(n, k, &mut seed), n, k).unwrap();
             let x: Vec<f32> = (0..m * k).map(|_| lcg(&mut seed) * 3.0).collect();
             let got = w.matmul(&x, m);
