@@ -26,6 +26,7 @@ use candle_core::{DType, Device, Module, Tensor};
 use super::gguf::GgufFile;
 use super::kernels::attention;
 use super::kernels::int8::Int8Matrix;
+use super::kernels::math;
 use super::kernels::q4_1::Q4_1Matrix;
 use super::quantize::{self, Quantize, Quantized, Site};
 use super::shard::{self, LayerShard, Partition, RawTensor, TensorSpec};
@@ -374,6 +375,21 @@ impl Linear {
     }
 }
 
+/// Runs `f` on the f32 values of `t` in row-major order, without a copy when `t` is already a
+/// contiguous CPU f32 tensor.
+fn with_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
+    use candle_core::{CpuStorage, Storage};
+    let t = t.contiguous()?;
+    let (storage, layout) = t.storage_and_layout();
+    match (&*storage, layout.contiguous_offsets()) {
+        (Storage::Cpu(CpuStorage::F32(v)), Some((start, end))) => Ok(f(&v[start..end])),
+        _ => {
+            drop(storage);
+            Ok(f(&t.flatten_all()?.to_vec1::<f32>()?))
+        }
+    }
+}
+
 /// `x [.., k]` through one of our kernels of shape `(n, k)`: `[.., n]`.
 fn own_kernel(
     x: &Tensor,
@@ -382,8 +398,7 @@ fn own_kernel(
 ) -> Result<Tensor> {
     let mut dims = x.dims().to_vec();
     let rows = x.elem_count() / k;
-    let xs = x.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
-    let y = matmul(&xs, rows);
+    let y = with_f32(x, |xs| matmul(xs, rows))?;
     *dims.last_mut().expect("rank >= 1") = n;
     Ok(Tensor::from_vec(y, dims, &Device::Cpu)?)
 }
@@ -649,12 +664,16 @@ struct Mlp {
 impl Mlp {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let gate = self.gate.forward(x)?;
-        let gate = if self.gelu {
-            gate.gelu()?
+        let up = self.up.forward(x)?;
+        let h = if self.gelu {
+            (gate.gelu()? * up)?
+        } else if gate.dtype() == DType::F32 {
+            // One pass with our vectorised exponential (see kernels::math).
+            let h = with_f32(&gate, |g| with_f32(&up, |u| math::silu_mul(g, u)))??;
+            Tensor::from_vec(h, gate.shape(), &Device::Cpu)?
         } else {
-            gate.silu()?
+            (gate.silu()? * up)?
         };
-        let h = (gate * self.up.forward(x)?)?;
         self.down.forward(&h)
     }
 }

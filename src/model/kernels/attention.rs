@@ -5,7 +5,7 @@
 //! (scores, scaled, masked, probabilities), took an exponential of every masked score too and
 //! multiplied half-zero matrices; at t = 512 that was about a fifth of a SmolLM2 evaluation.
 //! Here a query sees only keys `j ≤ i` (and `i − j < window`), nothing of size `t²` is stored,
-//! and the exponential is a vectorised polynomial ([`exp`]).
+//! and the exponential is a vectorised polynomial ([`super::math::exp`]).
 //!
 //! Float order is fixed per output element, independent of threads, of the batch and of how
 //! queries are grouped: a score is one fused multiply-add chain over the head dimension in
@@ -180,7 +180,7 @@ fn softmax(row: &mut [f32], scale: f32) {
     for s in row.iter_mut() {
         *s -= max;
     }
-    exp_in_place(row);
+    super::math::exp_in_place(row);
     let sum: f32 = row.iter().fold(0.0, |a, &e| a + e);
     for s in row.iter_mut() {
         *s /= sum;
@@ -205,55 +205,9 @@ fn weighted_values(p: &[f32], v: &[f32], d: usize, out: &mut [f32]) {
     }
 }
 
-/// `e^x` for every element (inputs ≤ 0 here: scores minus their max), the same bits with and
-/// without AVX2. See [`exp`].
-fn exp_in_place(xs: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if super::avx2_available() {
-            // SAFETY: AVX2 and FMA are present (checked above).
-            unsafe { avx2::exp_in_place(xs) };
-            return;
-        }
-    }
-    for x in xs {
-        *x = exp(*x);
-    }
-}
-
-// Cephes' expf: e^x = 2^n·e^r, n = round(x·log2 e), r = x − n·ln 2 (in two parts), e^r by a
-// degree-7 polynomial; within 2 ulp of the exact value on [−87.3, 88] (inputs are clamped
-// to that range, so n stays a normal exponent).
-const EXP_LO: f32 = -87.336_54;
-const EXP_HI: f32 = 88.0;
-const LOG2E: f32 = std::f32::consts::LOG2_E;
-const LN2_HI: f32 = 0.693_359_4;
-const LN2_LO: f32 = -2.121_944_4e-4;
-const EXP_POLY: [f32; 6] = [
-    1.987_569_1e-4,
-    1.398_199_9e-3,
-    8.333_452e-3,
-    4.166_579_6e-2,
-    1.666_666_5e-1,
-    0.5, // Cephes: 5.0000001201e-1, which is 0.5 in f32
-];
-
-/// `e^x` (f32): the scalar definition the AVX2 version reproduces bit for bit.
-pub fn exp(x: f32) -> f32 {
-    let x = x.clamp(EXP_LO, EXP_HI);
-    let n = (x * LOG2E).round_ties_even();
-    let r = n.mul_add(-LN2_LO, n.mul_add(-LN2_HI, x));
-    let mut p = EXP_POLY[0];
-    for c in &EXP_POLY[1..] {
-        p = p.mul_add(r, *c);
-    }
-    let y = p.mul_add(r * r, r) + 1.0;
-    y * f32::from_bits(((n as i32 + 127) as u32) << 23)
-}
-
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{Head, EXP_HI, EXP_LO, EXP_POLY, KEY_LANES, LN2_HI, LN2_LO, LOG2E, QUERY_GROUP};
+    use super::{Head, KEY_LANES, QUERY_GROUP};
     use std::arch::x86_64::*;
 
     /// Scores of up to four queries against 16 keys at a time: per head dimension one load
@@ -314,43 +268,6 @@ mod avx2 {
                 _mm256_storeu_ps(out.as_mut_ptr().add(c0 + 8 * l), *a);
             }
         }
-    }
-
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn exp_in_place(xs: &mut [f32]) {
-        let mut chunks = xs.chunks_exact_mut(8);
-        for c in &mut chunks {
-            let x = _mm256_loadu_ps(c.as_ptr());
-            _mm256_storeu_ps(c.as_mut_ptr(), exp8(x));
-        }
-        for x in chunks.into_remainder() {
-            *x = super::exp(*x);
-        }
-    }
-
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn exp8(x: __m256) -> __m256 {
-        let x = _mm256_min_ps(
-            _mm256_max_ps(x, _mm256_set1_ps(EXP_LO)),
-            _mm256_set1_ps(EXP_HI),
-        );
-        const NEAREST: i32 = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-        let n = _mm256_round_ps::<NEAREST>(_mm256_mul_ps(x, _mm256_set1_ps(LOG2E)));
-        let r = _mm256_fmadd_ps(n, _mm256_set1_ps(-LN2_HI), x);
-        let r = _mm256_fmadd_ps(n, _mm256_set1_ps(-LN2_LO), r);
-        let mut p = _mm256_set1_ps(EXP_POLY[0]);
-        for c in &EXP_POLY[1..] {
-            p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(*c));
-        }
-        let y = _mm256_add_ps(
-            _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r),
-            _mm256_set1_ps(1.0),
-        );
-        let e = _mm256_slli_epi32::<23>(_mm256_add_epi32(
-            _mm256_cvtps_epi32(n),
-            _mm256_set1_epi32(127),
-        ));
-        _mm256_mul_ps(y, _mm256_castsi256_ps(e))
     }
 }
 
@@ -510,25 +427,6 @@ mod tests {
     #[test]
     fn portable_paths_give_the_same_bits() {
         let mut seed = 37;
-        let mut xs: Vec<f32> = (0..1000).map(|_| lcg(&mut seed) * 100.0 - 50.0).collect();
-        xs.extend([
-            0.0,
-            -0.0,
-            -87.0,
-            -88.0,
-            -1e30,
-            88.0,
-            -0.5 * std::f32::consts::LN_2,
-        ]);
-        let mut simd = xs.clone();
-        exp_in_place(&mut simd);
-        for (x, e) in xs.iter().zip(&simd) {
-            assert_eq!(exp(*x).to_bits(), e.to_bits(), "exp({x})");
-            if *x > -80.0 {
-                let rel = (*e as f64 - (*x as f64).exp()).abs() / (*x as f64).exp();
-                assert!(rel < 3e-7, "exp({x}) = {e}, rel error {rel:e}");
-            }
-        }
         let (t, d) = (21, 12);
         let cols = 32;
         let q: Vec<f32> = (0..t * d).map(|_| lcg(&mut seed)).collect();

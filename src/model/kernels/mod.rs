@@ -8,6 +8,7 @@
 
 pub mod attention;
 pub mod int8;
+pub mod math;
 pub mod panel;
 pub mod q4_1;
 
