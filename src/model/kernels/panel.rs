@@ -239,6 +239,39 @@ pub(crate) mod tests {
         ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
     }
 
+    /// Checks `w`'s matmul of `x [m, k]` against a naive f64 reference (relative 10⁻⁴) and,
+    /// bit for bit, against the format's portable micro-kernel.
+    pub(crate) fn check_kernel<K: PanelKernel>(
+        w: &K,
+        x: &[f32],
+        m: usize,
+        naive: impl Fn(&Panels) -> Vec<f64>,
+        portable: impl Fn(PanelRef<'_>, usize) -> [f32; PANEL],
+    ) {
+        let (n, k) = w.shape();
+        let got = matmul(w, x, m);
+        let a = Panels::quantize(x, m, k);
+        let want = naive(&a);
+        for row in 0..m {
+            for j in 0..n {
+                let (g, e) = (got[row * n + j] as f64, want[row * n + j]);
+                assert!(
+                    (g - e).abs() <= 1e-4 * (1.0 + e.abs()),
+                    "({m},{n},{k}) [{row},{j}] {g} vs {e}"
+                );
+            }
+        }
+        for p in 0..m.div_ceil(PANEL) {
+            for j in 0..n {
+                let portable = portable(a.panel(p), j);
+                for r in 0..PANEL.min(m - p * PANEL) {
+                    let g = got[(p * PANEL + r) * n + j];
+                    assert_eq!(g.to_bits(), portable[r].to_bits(), "({m},{n},{k})");
+                }
+            }
+        }
+    }
+
     #[test]
     fn quantization_follows_llama_cpp() {
         let mut x = vec![0f32; 32];

@@ -155,7 +155,8 @@ mod avx2 {
 
 #[cfg(test)]
 mod tests {
-    use super::super::panel::{tests::lcg, Panels};
+    use super::super::panel::tests::{check_kernel, lcg};
+    use super::super::panel::Panels;
     use super::*;
 
     fn random_q4_1(n: usize, k: usize, seed: &mut u64) -> Vec<u8> {
@@ -206,28 +207,16 @@ mod tests {
         ] {
             let w = Q4_1Matrix::from_bytes(&random_q4_1(n, k, &mut seed), n, k).unwrap();
             let x: Vec<f32> = (0..m * k).map(|_| lcg(&mut seed) * 3.0).collect();
-            let got = w.matmul(&x, m);
-            let a = Panels::quantize(&x, m, k);
-            let want = naive(&w, &a, m);
-            for row in 0..m {
-                for j in 0..n {
-                    let (g, e) = (got[row * n + j] as f64, want[row * n + j]);
-                    assert!(
-                        (g - e).abs() <= 1e-4 * (1.0 + e.abs()),
-                        "({m},{n},{k}) [{row},{j}] {g} vs {e}"
-                    );
-                }
-            }
-            for p in 0..m.div_ceil(PANEL) {
-                for j in 0..n {
+            check_kernel(
+                &w,
+                &x,
+                m,
+                |a| naive(&w, a, m),
+                |p, j| {
                     let (dm, qs) = w.row(j);
-                    let portable = panel_row_portable(dm, qs, a.panel(p));
-                    for r in 0..PANEL.min(m - p * PANEL) {
-                        let g = got[(p * PANEL + r) * n + j];
-                        assert_eq!(g.to_bits(), portable[r].to_bits(), "({m},{n},{k})");
-                    }
-                }
-            }
+                    panel_row_portable(dm, qs, p)
+                },
+            );
         }
     }
 
