@@ -33,6 +33,18 @@ pub struct AttentionShape {
     pub head_dim: usize,
 }
 
+impl AttentionShape {
+    /// Values in `q` (and in the output).
+    pub fn q_len(&self) -> usize {
+        self.batch * self.heads * self.t * self.head_dim
+    }
+
+    /// Values in `k`, and in `v`.
+    pub fn kv_len(&self) -> usize {
+        self.batch * self.kv_heads * self.t * self.head_dim
+    }
+}
+
 /// `q [batch, heads, t, d]`, `k`/`v [batch, kv_heads, t, d]` (contiguous) → `[batch, t,
 /// heads·d]`: position `i` attends to the positions `j ≤ i` with `i − j < window`.
 pub fn causal_attention(
@@ -51,8 +63,8 @@ pub fn causal_attention(
         head_dim: d,
     } = shape;
     assert!(heads > 0 && kv_heads > 0 && heads.is_multiple_of(kv_heads));
-    assert_eq!(q.len(), batch * heads * t * d, "q shape");
-    assert_eq!(k.len(), batch * kv_heads * t * d, "k shape");
+    assert_eq!(q.len(), shape.q_len(), "q shape");
+    assert_eq!(k.len(), shape.kv_len(), "k shape");
     assert_eq!(v.len(), k.len(), "v shape");
     let window = window.unwrap_or(usize::MAX).max(1);
     // K transposed per (sequence, kv head): `kt[dd·cols + j]`, zero-padded columns.
@@ -374,21 +386,10 @@ mod tests {
                 None,
             ),
         ] {
-            let AttentionShape {
-                batch,
-                heads,
-                kv_heads,
-                t,
-                head_dim: d,
-            } = shape;
-            let q: Vec<f32> = (0..batch * heads * t * d)
-                .map(|_| lcg(&mut seed) * 2.0)
-                .collect();
-            let k: Vec<f32> = (0..batch * kv_heads * t * d)
-                .map(|_| lcg(&mut seed) * 2.0)
-                .collect();
+            let q: Vec<f32> = (0..shape.q_len()).map(|_| lcg(&mut seed) * 2.0).collect();
+            let k: Vec<f32> = (0..shape.kv_len()).map(|_| lcg(&mut seed) * 2.0).collect();
             let v: Vec<f32> = (0..k.len()).map(|_| lcg(&mut seed)).collect();
-            let scale = 1.0 / (d as f32).sqrt();
+            let scale = 1.0 / (shape.head_dim as f32).sqrt();
             let got = causal_attention(&q, &k, &v, shape, scale, window);
             let want = naive(
                 &q,
