@@ -619,9 +619,6 @@ impl Attention {
     /// `q [b, heads, t, d]`, `k`/`v [b, kv_heads, t, d]` → `[b, t, heads·d]`.
     fn fused(&self, q: &Tensor, k: &Tensor, v: &Tensor, window: Option<usize>) -> Result<Tensor> {
         let (b, _, t, d) = q.dims4()?;
-        let flat = |x: &Tensor| -> Result<Vec<f32>> {
-            Ok(x.contiguous()?.flatten_all()?.to_vec1::<f32>()?)
-        };
         let shape = attention::AttentionShape {
             batch: b,
             heads: self.n_heads,
@@ -629,14 +626,14 @@ impl Attention {
             t,
             head_dim: d,
         };
-        let y = attention::causal_attention(
-            &flat(q)?,
-            &flat(k)?,
-            &flat(v)?,
-            shape,
-            self.scale as f32,
-            window,
-        );
+        let scale = self.scale as f32;
+        let y = with_f32(q, |q| {
+            with_f32(k, |k| {
+                with_f32(v, |v| {
+                    attention::causal_attention(q, k, v, shape, scale, window)
+                })
+            })
+        })???;
         Ok(Tensor::from_vec(y, (b, t, self.n_heads * d), &Device::Cpu)?)
     }
 
