@@ -238,6 +238,13 @@ fn load_models(
     setup: &RankSetup,
     opts: &CompareOptions,
 ) -> Result<(Llama, LoadedBase), EvalError> {
+    if !cfg.device.is_cpu() {
+        return Err(EvalError::Config(format!(
+            "ppl compare runs on the CPU only so far (--device {}): drop --device, or evaluate each model with `ppl eval --device {}` and compare their results.json",
+            cfg.device, cfg.device
+        )));
+    }
+    let cpu = &candle_core::Device::Cpu;
     let vocab = setup.mc.vocab_size;
     let (path, precision, file) = match &opts.base {
         BaseSource::Model { path, precision } => (path.clone(), *precision, None),
@@ -338,7 +345,7 @@ fn load_models(
         }
         None => None,
     };
-    let llama = Llama::load(&gguf, precision, &part, None)?;
+    let llama = Llama::load(&gguf, precision, &part, None, cpu)?;
     if llama.config.vocab_size != vocab {
         return Err(EvalError::Config(format!(
             "{} has a vocabulary of {} rows, {} of {vocab}",
@@ -353,6 +360,7 @@ fn load_models(
         cfg.precision,
         &Partition::full(setup.mc.n_layers),
         cfg.quantize,
+        cpu,
     )?;
     Ok((model, base))
 }
@@ -383,7 +391,7 @@ fn compare_on_rank(
     let mut last_report = Instant::now();
     for unit in schedule::units(windows, &share, cfg.batch_size) {
         let batch: Vec<_> = unit.iter().map(|&i| windows[i].clone()).collect();
-        let ids = eval::batch_ids(&batch)?;
+        let ids = eval::batch_ids(&batch, model.device())?;
         let (rows_m, targets) = eval::scored_rows(&model.hidden_states(&ids)?, &batch)?;
         // The base's final hidden states at the scored positions: computed, or stored.
         let rows_b = match &base.file {

@@ -26,11 +26,12 @@ use crate::dist::parallel::StageRunner;
 use crate::dist::run::ModelScorer;
 use crate::dist::run::{self as dp, RunError};
 use crate::dist::schedule::Schedule;
-use crate::dist::{local, CommError, Communicator};
+use crate::dist::{local, CommError, Communicator, TpBackend};
 use crate::eval::{ledger, stats, NllAccumulator};
 use crate::fingerprint;
 use crate::model::{
-    gguf, memory, shard, GgufFile, Llama, LlamaConfig, ModelError, Partition, Precision, Quantize,
+    device, gguf, memory, shard, DeviceSpec, GgufFile, Llama, LlamaConfig, ModelError, Partition,
+    Precision, Quantize,
 };
 use crate::report::progress::{Progress, ProgressMode};
 use crate::report::{
@@ -57,6 +58,8 @@ pub struct EvalConfig {
     pub batch_size: usize,
     pub threads: usize,
     pub precision: Precision,
+    /// Where the model runs (`--device`).
+    pub device: DeviceSpec,
     pub seed: u64,
     pub bootstrap_samples: usize,
     /// Ranks of the `local` backend (the MPI world size decides under `mpirun`).
@@ -67,6 +70,8 @@ pub struct EvalConfig {
     pub parallel: RequestedDims,
     /// Type of activations on the wire between model-parallel ranks.
     pub comm_dtype: CommDtype,
+    /// Where tensor-parallel activations are summed (`--tp-backend`).
+    pub tp_backend: TpBackend,
     /// Weights quantized at load (`--quantize`).
     pub quantize: Option<Quantize>,
     /// Run directory for the ledger (`--run-dir`, `--resume`); rank 0 picks a fresh one under
@@ -88,9 +93,11 @@ impl EvalConfig {
             "chunks": self.chunks,
             "max_tokens": self.max_tokens,
             "precision": self.precision,
+            "device": self.device,
             "bootstrap_samples": self.bootstrap_samples,
             "parallel": self.parallel,
             "comm_dtype": self.comm_dtype,
+            "tp_backend": self.tp_backend,
             "quantize": self.quantize,
         })
         .to_string()
@@ -109,7 +116,10 @@ impl EvalConfig {
             "chunks": self.chunks,
             "max_tokens": self.max_tokens,
             "precision": self.precision,
+            // A GPU's sums differ from the CPU's in the last bits: no mixing in one ledger.
+            "on_gpu": !self.device.is_cpu(),
             "tp": dims.tp,
+            "tp_backend": if dims.tp > 1 { self.tp_backend } else { TpBackend::Host },
             "comm_dtype": if lossy { self.comm_dtype } else { CommDtype::F32 },
             "quantize": self.quantize,
         })
@@ -185,6 +195,31 @@ fn check_precision(cfg: &EvalConfig, dims: &ParallelDims) -> Result<(), EvalErro
     Ok(())
 }
 
+/// `--device` and `--tp-backend` against the build and the mesh.
+fn check_device(cfg: &EvalConfig, dims: &ParallelDims) -> Result<(), EvalError> {
+    if !cfg.device.is_cpu() && !cfg!(feature = "cuda") {
+        return Err(crate::model::DeviceError::NotBuilt(cfg.device).into());
+    }
+    if cfg.tp_backend == TpBackend::Nccl {
+        if !cfg!(feature = "nccl") {
+            return Err(EvalError::Config(
+                "--tp-backend nccl: this ppl was built without NCCL support; rebuild it with `cargo build --release --features nccl` (see the README's GPU section), or use --tp-backend host".into(),
+            ));
+        }
+        if cfg.device.is_cpu() {
+            return Err(EvalError::Config(
+                "--tp-backend nccl sums activations on GPUs: add --device cuda, or use --tp-backend host on the CPU".into(),
+            ));
+        }
+        if dims.tp == 1 {
+            return Err(EvalError::Config(
+                "--tp-backend nccl has nothing to sum with tp = 1: set --tp N (N GPUs per replica) or drop --tp-backend".into(),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Display and testing options that are not part of the scoring configuration.
 #[derive(Debug, Clone, Default)]
 pub struct RunOptions {
@@ -218,6 +253,8 @@ pub enum EvalError {
     Rank { rank: usize, source: Box<EvalError> },
     #[error("{0}")]
     Memory(String),
+    #[error(transparent)]
+    Device(#[from] crate::model::DeviceError),
     #[error(transparent)]
     Ledger(#[from] ledger::LedgerError),
     #[error(transparent)]
@@ -422,6 +459,7 @@ pub fn setup_rank(
     let dims = cfg.dims(comm.size())?;
     check_mesh(&dims, &gguf, &mc, cfg.quantize.as_ref())?;
     check_precision(cfg, &dims)?;
+    check_device(cfg, &dims)?;
     let tok = Tokenizer::from_gguf(&gguf)?;
     if tok.vocab_size != mc.vocab_size {
         return Err(EvalError::Model(ModelError::Invalid {
@@ -662,6 +700,11 @@ pub fn run_rank(
         let metered = Metered::new(comm);
         let dp_metered = Metered::new(comm);
         let mut runner = StageRunner::new(&metered, dims, model, &plan.windows, cfg.comm_dtype);
+        if cfg.tp_backend == TpBackend::Nccl {
+            runner = runner
+                .with_nccl()
+                .inspect_err(|e| comm.abort(&e.to_string()))?;
+        }
         let gathered = if runner.is_leader() {
             let replicas = Group::new(&dp_metered, dims.leaders(), base::DATA_PARALLEL);
             let mut ledger = new_ledger()?;
@@ -851,6 +894,10 @@ pub fn run_rank(
         }),
         hardest,
         memory: None,
+        determinism: Some(device::Determinism::for_device(&match cfg.device {
+            DeviceSpec::Cuda(None) if comm.size() > 1 => "cuda (a GPU per local rank)".into(),
+            _ => device::device_name(model.device()),
+        })),
     }))
 }
 
@@ -945,11 +992,23 @@ pub fn evaluate_rank(
         }
     };
     let t_load = Instant::now();
-    let model = match Llama::load(&setup.gguf, cfg.precision, &part, cfg.quantize) {
+    let model = match cfg
+        .device
+        .open(local_rank())
+        .map_err(EvalError::from)
+        .and_then(|d| {
+            Ok(Llama::load(
+                &setup.gguf,
+                cfg.precision,
+                &part,
+                cfg.quantize,
+                &d,
+            )?)
+        }) {
         Ok(m) => m,
         Err(e) => {
             comm.abort(&e.to_string());
-            return Err(e.into());
+            return Err(e);
         }
     };
     let load_s = t_load.elapsed().as_secs_f64();
@@ -968,6 +1027,18 @@ pub fn evaluate_rank(
         memory: Some(memory),
         ..r
     }))
+}
+
+/// This process's index among the MPI ranks of its node (which GPU `--device cuda` gives it).
+fn local_rank() -> usize {
+    [
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+        "MPI_LOCALRANKID",
+        "SLURM_LOCALID",
+    ]
+    .iter()
+    .find_map(|v| std::env::var(v).ok()?.parse().ok())
+    .unwrap_or(0)
 }
 
 /// MPI ranks sharing this node (they share its memory).
@@ -1120,23 +1191,45 @@ pub fn evaluate(cfg: &EvalConfig, opts: &RunOptions) -> Result<Results, EvalErro
     }
     let memory = plan_memory(cfg, &setups[0], n, 1, &parts)?;
 
+    // Each rank's device: the CPU for all, or a GPU each (`cuda`) or one for all (`cuda:N`);
+    // a device is opened once, and ranks on one device share a part's copy of the weights.
+    let mut devices: Vec<(usize, candle_core::Device)> = Vec::new();
+    let mut rank_devices = Vec::with_capacity(n);
+    for r in 0..n {
+        let ordinal = cfg.device.ordinal(r).unwrap_or(0);
+        if !devices.iter().any(|(o, _)| *o == ordinal) {
+            devices.push((ordinal, cfg.device.open(r)?));
+        }
+        rank_devices.push(ordinal);
+    }
+    let mut loads: Vec<(Partition, usize)> = Vec::new();
+    for (p, &d) in rank_parts.iter().zip(&rank_devices) {
+        if !loads.contains(&(p.clone(), d)) {
+            loads.push((p.clone(), d));
+        }
+    }
     let t_load = Instant::now();
-    let models = parts
+    let models = loads
         .iter()
-        .map(|p| Llama::load(&setups[0].gguf, cfg.precision, p, cfg.quantize))
+        .map(|(p, d)| {
+            let device = &devices.iter().find(|(o, _)| o == d).expect("opened").1;
+            Llama::load(&setups[0].gguf, cfg.precision, p, cfg.quantize, device)
+        })
         .collect::<Result<Vec<_>, _>>()?;
     let model_of = |rank: usize| {
-        let i = parts
+        let key = (rank_parts[rank].clone(), rank_devices[rank]);
+        let i = loads
             .iter()
-            .position(|p| *p == rank_parts[rank])
+            .position(|l| *l == key)
             .expect("every rank's part was loaded");
         &models[i]
     };
     let load_s = t_load.elapsed().as_secs_f64();
     tracing::info!(
-        "{} model part(s) loaded for {n} rank(s) in {load_s:.2} s ({} precision)",
-        parts.len(),
-        cfg.precision
+        "{} model part(s) loaded for {n} rank(s) in {load_s:.2} s ({} precision, {})",
+        loads.len(),
+        cfg.precision,
+        cfg.device
     );
     let progress = new_progress(opts, &setups[0].prepared.plan);
     let memory = &memory;

@@ -206,6 +206,40 @@ fn unknown_flag_values_are_rejected_by_the_parser() {
         .stderr(contains("invalid value 'f8' for '--precision"));
 }
 
+/// GPU options on a CPU-only build (what CI runs) name the rebuild or the missing flag; a
+/// misspelt device is caught by the parser. (A CUDA build opens the GPU instead: see the
+/// README's GPU section.)
+#[cfg(not(feature = "cuda"))]
+#[test]
+fn gpu_options_without_a_gpu_build_name_the_fix() {
+    let (wiki, model) = (common::wikitext(), common::model());
+    fails_with(
+        &["--device", "cuda:0", "--chunks", "1"],
+        &wiki,
+        &model,
+        &[
+            "--device cuda:0",
+            "built without CUDA",
+            "--features cuda",
+            "--device cpu",
+        ],
+    );
+    fails_with(
+        &["--tp", "2", "--tp-backend", "nccl", "--chunks", "1"],
+        &wiki,
+        &model,
+        &["--tp-backend nccl", "--features nccl"],
+    );
+    common::ppl_cmd()
+        .args([
+            "eval", "--model", "m.gguf", "--data", "d.txt", "--device", "tpu",
+        ])
+        .assert()
+        .failure()
+        .stderr(contains("unknown device 'tpu'"))
+        .stderr(contains("use cpu, cuda or cuda:N"));
+}
+
 #[test]
 fn a_run_that_cannot_fit_is_refused_before_loading() {
     let dir = tempfile::tempdir().unwrap();

@@ -1,7 +1,7 @@
 //! Hugging Face checkpoints: tiny random Llama, Mistral, Qwen2, Qwen3 and Gemma 3 models
 //! (written by `scripts/tiny-checkpoints.py` with `transformers`, committed under
 //! tests/fixtures/tiny) must give `transformers`' logits (computed there in float64) within
-//! 1e-4. SmolLM2 exported as a sharded safetensors checkpoint evaluates to the GGUF's f32
+//! 1e-4, through our CPU kernels and through candle's ops alone (the GPU's path). SmolLM2 exported as a sharded safetensors checkpoint evaluates to the GGUF's f32
 //! numbers bit for bit, alone and under tensor parallelism, with the same token ids from its
 //! tokenizer.json.
 
@@ -14,7 +14,7 @@ use ppl::report::Results;
 use predicates::str::contains;
 
 use candle_core::{Device, Tensor};
-use ppl::model::{GgufFile, Llama, Precision};
+use ppl::model::{GgufFile, Kernels, Llama, Partition, Precision};
 
 fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -90,6 +90,23 @@ fn check(name: &str) -> Llama {
     let d = max_abs_diff(&model, &e);
     eprintln!("{name}: max |ppl - transformers| = {d:e} (logit spread {spread:.2})");
     assert!(d < 1e-4, "{name}: max |ppl - transformers| = {d:e}");
+    // The forward pass a GPU runs (candle's ops for attention, masks and SiLU), on the CPU.
+    let part = Partition::full(model.config.n_layers);
+    let gpu_path = Llama::load_with_kernels(
+        &g,
+        Precision::F32,
+        &part,
+        None,
+        &Device::Cpu,
+        Kernels::Candle,
+    )
+    .unwrap();
+    let d = max_abs_diff(&gpu_path, &e);
+    eprintln!("{name}: candle's ops only: max |ppl - transformers| = {d:e}");
+    assert!(
+        d < 1e-4,
+        "{name} (candle's ops only): max |ppl - transformers| = {d:e}"
+    );
     model
 }
 

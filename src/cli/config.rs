@@ -100,6 +100,7 @@ const SCHEMA: &[(&str, Kind)] = &[
             minus_one: false,
         },
     ),
+    ("parallel.tp_backend", Kind::Choice(&["host", "nccl"])),
     (
         "parallel.comm_dtype",
         Kind::Choice(&["f32", "bf16", "f16", "int8"]),
@@ -122,6 +123,8 @@ const SCHEMA: &[(&str, Kind)] = &[
         "evaluation.precision",
         Kind::Choice(&["native", "f32", "bf16", "f16"]),
     ),
+    // cpu, cuda or cuda:N: checked when the configuration is resolved.
+    ("evaluation.device", Kind::Str),
     (
         "evaluation.threads",
         Kind::Int {

@@ -20,7 +20,8 @@ use crate::data::Method;
 use crate::dist::codec::CommDtype;
 use crate::dist::mesh::{ParallelDims, RequestedDims};
 use crate::dist::schedule::Schedule;
-use crate::model::{fetch, GgufFile, Precision, Quantize, Scheme};
+use crate::dist::TpBackend;
+use crate::model::{fetch, DeviceSpec, GgufFile, Precision, Quantize, Scheme};
 use crate::pipeline::{self, EvalConfig, RunOptions};
 use crate::report::compare::NamedRun;
 use crate::report::progress::ProgressMode;
@@ -134,6 +135,14 @@ pub struct EvalArgs {
     /// native: quantized weights as stored; f32: weights dequantized to f32 [default: native].
     #[arg(long, value_enum)]
     precision: Option<Precision>,
+    /// Where the model runs: cpu, cuda (each rank of a machine on its own GPU) or cuda:N
+    /// (needs a build with `--features cuda`) [default: cpu].
+    #[arg(long, value_name = "DEVICE")]
+    device: Option<DeviceSpec>,
+    /// Where tensor-parallel activations are summed: host (the rank communicator) or nccl
+    /// (GPU to GPU; needs --device cuda and a build with `--features nccl`) [default: host].
+    #[arg(long, value_enum, value_name = "BACKEND")]
+    tp_backend: Option<TpBackend>,
     /// Seed of the bootstrap resampling; rank 0's value is used by every rank [default: 42].
     #[arg(long)]
     seed: Option<u64>,
@@ -337,6 +346,19 @@ impl EvalArgs {
             (None, Some("native")) | (None, None) => Precision::Native,
             (None, Some(p)) => bail!("evaluation.precision = {p}: use native, f32, bf16 or f16"),
         };
+        let device = match (self.device, c.str("evaluation.device")) {
+            (Some(d), _) => d,
+            (None, Some(s)) => s
+                .parse()
+                .map_err(|e| anyhow::anyhow!("evaluation.device = {s}: {e}"))?,
+            (None, None) => DeviceSpec::Cpu,
+        };
+        let tp_backend = match (self.tp_backend, c.str("parallel.tp_backend")) {
+            (Some(b), _) => b,
+            (None, Some("nccl")) => TpBackend::Nccl,
+            (None, Some("host")) | (None, None) => TpBackend::Host,
+            (None, Some(s)) => bail!("parallel.tp_backend = {s}: use host or nccl"),
+        };
         let parallel = RequestedDims {
             dp_replicate: self.dp_replicate.or(c.int("parallel.dp_replicate")),
             dp_shard: self.dp_shard.or(c.int("parallel.dp_shard")),
@@ -448,6 +470,7 @@ impl EvalArgs {
                     .unwrap_or(1),
                 threads,
                 precision,
+                device,
                 seed: self
                     .seed
                     .or(uint("evaluation.seed").map(|s| s as u64))
@@ -460,6 +483,7 @@ impl EvalArgs {
                 schedule,
                 parallel,
                 comm_dtype,
+                tp_backend,
                 quantize,
                 run_dir: self.resume.clone().or_else(|| self.run_dir.clone()),
                 resume: self.resume.is_some(),
@@ -524,7 +548,7 @@ impl Resolved {
         let p = &e.parallel;
         let deg = |d: Option<i64>| d.unwrap_or(1);
         out += &format!(
-            "parallel:\n  dp_replicate: {}\n  dp_shard: {}\n  tp: {}\n  cp: {}\n  pp: {}\n  comm_dtype: {}\nevaluation:\n  batch_size: {}\n  max_seq_len: {}\n  precision: {}\n  threads: {}\n  schedule: {}\n  seed: {}\n  bootstrap_samples: {}\n",
+            "parallel:\n  dp_replicate: {}\n  dp_shard: {}\n  tp: {}\n  cp: {}\n  pp: {}\n  comm_dtype: {}\n  tp_backend: {}\nevaluation:\n  batch_size: {}\n  max_seq_len: {}\n  precision: {}\n  device: {}\n  threads: {}\n  schedule: {}\n  seed: {}\n  bootstrap_samples: {}\n",
             if p.any() {
                 deg(p.dp_replicate)
             } else if keep_world {
@@ -537,7 +561,8 @@ impl Resolved {
             deg(p.cp),
             deg(p.pp),
             e.comm_dtype,
-            e.batch_size, e.ctx, e.precision, e.threads, e.schedule, e.seed, e.bootstrap_samples
+            e.tp_backend,
+            e.batch_size, e.ctx, e.precision, e.device, e.threads, e.schedule, e.seed, e.bootstrap_samples
         );
         if let Some(o) = &self.output {
             out += &format!(

@@ -17,11 +17,35 @@ pub mod local;
 pub mod mesh;
 #[cfg(feature = "mpi")]
 pub mod mpi;
+#[cfg(feature = "nccl")]
+pub mod nccl;
 pub mod parallel;
 pub mod run;
 pub mod schedule;
 
 use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// Where the tensor-parallel activations are summed (`--tp-backend`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum TpBackend {
+    /// Over the host communicator (local or MPI), in rank order.
+    #[default]
+    Host,
+    /// GPU to GPU with NCCL ([`nccl`], cargo feature `nccl`, `--device cuda`).
+    Nccl,
+}
+
+impl std::fmt::Display for TpBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            TpBackend::Host => "host",
+            TpBackend::Nccl => "nccl",
+        })
+    }
+}
 
 /// Tags keep the protocol's message streams apart.
 pub mod tag {

@@ -79,6 +79,9 @@ pub struct StageRunner<'a> {
     /// Micro-batches the leader sent down the pipeline whose records have not come back.
     in_flight: usize,
     pub figures: StageFigures,
+    /// GPU-to-GPU sums of the tensor-parallel activations (`--tp-backend nccl`).
+    #[cfg(feature = "nccl")]
+    nccl: Option<super::nccl::NcclGroup>,
 }
 
 /// Micro-batches a pipeline leader keeps in flight per stage: enough that every stage has
@@ -106,6 +109,29 @@ impl<'a> StageRunner<'a> {
             comm_error: Mutex::new(None),
             in_flight: 0,
             figures: StageFigures::default(),
+            #[cfg(feature = "nccl")]
+            nccl: None,
+        }
+    }
+
+    /// Sums the tensor-parallel activations with NCCL on the GPUs instead of on the host
+    /// (collective: every rank of the world calls it).
+    pub fn with_nccl(self) -> Result<Self, CommError> {
+        #[cfg(feature = "nccl")]
+        {
+            let nccl = if self.dims.tp > 1 {
+                Some(super::nccl::NcclGroup::new(&self.tp, self.model.device())?)
+            } else {
+                None
+            };
+            Ok(Self { nccl, ..self })
+        }
+        #[cfg(not(feature = "nccl"))]
+        {
+            drop(self);
+            Err(CommError::Transport(
+                "this ppl was built without NCCL support: rebuild it with `cargo build --release --features nccl`, or use --tp-backend host".into(),
+            ))
         }
     }
 
@@ -171,7 +197,10 @@ impl<'a> StageRunner<'a> {
                     unit.len()
                 ),
             })?;
-        Ok(Tensor::from_vec(v, (unit.len(), t, d), &Device::Cpu).map_err(ModelError::from)?)
+        let x = Tensor::from_vec(v, (unit.len(), t, d), &Device::Cpu)
+            .and_then(|x| x.to_device(self.model.device()))
+            .map_err(ModelError::from)?;
+        Ok(x)
     }
 
     /// The leader's decision for the next step: with FSDP, agreed with the shard group.
@@ -236,7 +265,10 @@ impl<'a> StageRunner<'a> {
         let batch: Vec<Window> = unit.iter().map(|&i| self.windows[i].clone()).collect();
         let x = match input {
             Some(x) => x,
-            None => self.model_call(|cc| self.model.embed(&eval::batch_ids(&batch)?, cc))?,
+            None => self.model_call(|cc| {
+                self.model
+                    .embed(&eval::batch_ids(&batch, self.model.device())?, cc)
+            })?,
         };
         let x = self
             .model_call(|cc| self.model.run_layers(Some(x), cc))?
@@ -313,10 +345,14 @@ impl<'a> StageRunner<'a> {
         };
         let d = self.model.config.hidden_size;
         let reduce = |x: Tensor| -> Result<Tensor, ModelError> {
+            #[cfg(feature = "nccl")]
+            if let Some(nccl) = &self.nccl {
+                return Ok(nccl.all_reduce_sum(&x)?);
+            }
             let dims = x.dims().to_vec();
             let v = x.flatten_all()?.to_vec1::<f32>()?;
             let sum = self.tp_all_reduce(&v, d).map_err(fail)?;
-            Ok(Tensor::from_vec(sum, dims, &Device::Cpu)?)
+            Ok(Tensor::from_vec(sum, dims, x.device())?)
         };
         let gather = |piece: &[u8]| -> Result<Vec<Vec<u8>>, ModelError> {
             self.shard

@@ -26,6 +26,10 @@ use crate::model::{Llama, ModelError};
 /// the batch size. 256 rows cost 100 MB of peak memory and were no faster.
 pub const LOGIT_ROWS: usize = 64;
 
+/// The same bound on a GPU, where a larger block keeps the device busy: 1024 rows of f32
+/// logits plus their f64 log-softmax are ~0.6 GB for SmolLM2's vocabulary.
+pub const DEVICE_LOGIT_ROWS: usize = 1024;
+
 /// The exact outcome of one window.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct WindowResult {
@@ -42,17 +46,17 @@ pub struct WindowResult {
 
 /// One forward pass over windows of equal input length (the whole model on this rank).
 pub fn score_batch(model: &Llama, batch: &[Window]) -> Result<Vec<WindowResult>, ModelError> {
-    let hidden = model.hidden_states(&batch_ids(batch)?)?;
+    let hidden = model.hidden_states(&batch_ids(batch, model.device())?)?;
     let (rows, targets) = scored_rows(&hidden, batch)?;
     let nlls = nlls(model, &rows, &targets)?;
     Ok(window_results(batch, &nlls))
 }
 
-/// Token ids `[batch, len]` of windows of equal input length.
-pub fn batch_ids(batch: &[Window]) -> Result<Tensor, ModelError> {
+/// Token ids `[batch, len]` of windows of equal input length, on `device`.
+pub fn batch_ids(batch: &[Window], device: &Device) -> Result<Tensor, ModelError> {
     let len = batch[0].input.len();
     let ids: Vec<u32> = batch.iter().flat_map(|w| w.input.iter().copied()).collect();
-    Ok(Tensor::from_vec(ids, (batch.len(), len), &Device::Cpu)?)
+    Ok(Tensor::from_vec(ids, (batch.len(), len), device)?)
 }
 
 /// The hidden states of scored positions only (they alone reach the vocabulary-wide output
@@ -77,17 +81,32 @@ fn check_targets(targets: &[u32], vocab: usize) -> Result<(), ModelError> {
     }
 }
 
-/// Per-token NLL of `rows` against `targets`, [`LOGIT_ROWS`] rows of logits at a time.
+/// Per-token NLL of `rows` against `targets`, [`LOGIT_ROWS`] rows of logits at a time. On a
+/// GPU the log-softmax runs there ([`nll::nll_rows_on_device`]) and only the NLLs come back.
 pub fn nlls(model: &Llama, rows: &Tensor, targets: &[u32]) -> Result<Vec<f64>, ModelError> {
     let vocab = model.config.vocab_size;
     check_targets(targets, vocab)?;
+    let on_host = rows.device().is_cpu();
+    let block = if on_host {
+        LOGIT_ROWS
+    } else {
+        DEVICE_LOGIT_ROWS
+    };
     let mut nlls = Vec::with_capacity(targets.len());
     let mut r = 0;
     while r < targets.len() {
-        let n = LOGIT_ROWS.min(targets.len() - r);
+        let n = block.min(targets.len() - r);
         let logits = model.logits(&rows.narrow(0, r, n)?)?;
-        let logits = logits.flatten_all()?.to_vec1::<f32>()?;
-        nlls.extend(nll::nll_rows(&logits, vocab, &targets[r..r + n]));
+        let targets = &targets[r..r + n];
+        if on_host {
+            let logits = logits.flatten_all()?.to_vec1::<f32>()?;
+            nlls.extend(nll::nll_rows(&logits, vocab, targets));
+        } else {
+            nlls.extend(nll::nll_rows_on_device(
+                &logits.reshape((n, vocab))?,
+                targets,
+            )?);
+        }
         r += n;
     }
     Ok(nlls)

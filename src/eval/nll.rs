@@ -29,6 +29,23 @@ pub fn nll_rows(logits: &[f32], vocab: usize, targets: &[u32]) -> Vec<f64> {
         .collect()
 }
 
+/// [`nll_rows`] for a `[rows, vocab]` f32 tensor on any device, computed where the logits
+/// are (a GPU keeps the vocabulary-wide reductions; only one f64 per row comes back): the same
+/// definition in f64, `ln Σ exp(l_i − max) − (l_t − max)`, with the device's summation order
+/// and `exp`, so it agrees with [`nll_rows`] to about 1e-15 relative rather than to the bit.
+pub fn nll_rows_on_device(
+    logits: &candle_core::Tensor,
+    targets: &[u32],
+) -> candle_core::Result<Vec<f64>> {
+    use candle_core::{DType, Tensor, D};
+    let x = logits.to_dtype(DType::F64)?;
+    let shifted = x.broadcast_sub(&x.max_keepdim(D::Minus1)?)?;
+    let log_sum = shifted.exp()?.sum_keepdim(D::Minus1)?.log()?;
+    let ids = Tensor::from_slice(targets, (targets.len(), 1), logits.device())?;
+    let target = shifted.gather(&ids, D::Minus1)?;
+    (log_sum - target)?.flatten_all()?.to_vec1::<f64>()
+}
+
 /// One rank's share of a row's log-softmax under a vocabulary split: the max of its logits,
 /// `Σ exp(l − max)` over them, and the target's logit when the target is among them.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -105,6 +122,27 @@ mod tests {
         }
         // A target that no part holds has no NLL.
         assert!(combine(&[partial_row(&row[..10], 0, 500)]).is_none());
+    }
+
+    /// The tensor form (what a GPU runs) against the host definition, on candle's CPU
+    /// device: the same ops, so a wrong axis, shift or gather shows here.
+    #[test]
+    fn device_form_matches_the_host_definition() {
+        let vocab = 49_152;
+        let rows = 5;
+        let logits: Vec<f32> = (0..vocab * rows)
+            .map(|i| ((i * 7919 % 10_007) as f32 * 0.013).sin() * 9.0 + (i / vocab) as f32 * 300.0)
+            .collect();
+        let targets: Vec<u32> = vec![0, 49_151, 12_345, 7, 30_000];
+        let host = nll_rows(&logits, vocab, &targets);
+        let t = candle_core::Tensor::from_vec(logits, (rows, vocab), &candle_core::Device::Cpu)
+            .unwrap();
+        let device = nll_rows_on_device(&t, &targets).unwrap();
+        assert_eq!(device.len(), rows);
+        for (d, h) in device.iter().zip(&host) {
+            assert!(*h > 1.0 && *h < 40.0, "{h}");
+            assert!((d - h).abs() <= 1e-12 * h.abs(), "{d} vs {h}");
+        }
     }
 
     #[test]

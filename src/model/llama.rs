@@ -255,17 +255,24 @@ enum Linear {
 
 impl Linear {
     /// Builds the matrix from its stored bytes (the one copy out of the map).
-    fn from_raw(raw: &RawTensor<'_>, name: &str, precision: Precision) -> Result<Self> {
+    fn from_raw(
+        raw: &RawTensor<'_>,
+        name: &str,
+        precision: Precision,
+        device: &Device,
+        kernels: Kernels,
+    ) -> Result<Self> {
         let invalid = |detail: String| ModelError::Invalid {
             path: Default::default(),
             detail,
         };
-        if precision == Precision::Native && raw.dtype == GgmlDType::Q4_1 && raw.shape.len() == 2 {
+        let own = own_kernels(precision, kernels);
+        if own && raw.dtype == GgmlDType::Q4_1 && raw.shape.len() == 2 {
             let m = Q4_1Matrix::from_bytes(&raw.bytes, raw.shape[0], raw.shape[1])
                 .ok_or_else(|| invalid(format!("tensor '{name}' has a malformed Q4_1 layout")))?;
             return Ok(Linear::Q4_1(m));
         }
-        if precision == Precision::Native && raw.shape.len() == 2 {
+        if own && raw.shape.len() == 2 {
             let (n, k) = (raw.shape[0], raw.shape[1]);
             let int8 = match raw.dtype {
                 GgmlDType::Q5_0 => Some(Int8Matrix::from_q5_0(&raw.bytes, n, k)),
@@ -282,7 +289,8 @@ impl Linear {
                 return Ok(Linear::Int8(Arc::new(m)));
             }
         }
-        Self::from_qtensor(Arc::new(qtensor(raw, name)?), precision)
+        let q = Arc::new(qtensor(raw, name, device)?);
+        Self::from_qtensor(q, precision, device, kernels)
     }
 
     /// A weight quantized at load (`--quantize`): int4/int8 become their dequantized f32
@@ -292,20 +300,23 @@ impl Linear {
         raw: &RawTensor<'_>,
         site: &Site,
         precision: Precision,
+        device: &Device,
+        kernels: Kernels,
         q: &Quantize,
     ) -> Result<Self> {
         let name = site.name;
-        let w = qtensor(raw, name)?.dequantize(&Device::Cpu)?;
+        // Quantized on the host (the schemes are CPU code), then placed on `device`.
+        let w = qtensor(raw, name, &Device::Cpu)?.dequantize(&Device::Cpu)?;
         let err = |e: candle_core::Error| ModelError::Invalid {
             path: Default::default(),
             detail: format!("cannot quantize '{name}' to {}: {e}", q.scheme),
         };
         match quantize::quantize(q, &w, site).map_err(err)? {
             Quantized::Dense(t) => Ok(Linear::Candle(QMatMul::Tensor(
-                t.to_dtype(precision.dtype())?,
+                t.to_dtype(precision.dtype())?.to_device(device)?,
             ))),
             Quantized::Ggml(qt) => {
-                if precision == Precision::Native {
+                if own_kernels(precision, kernels) {
                     let (n, k) = w.dims2()?;
                     if qt.dtype() == GgmlDType::Q4_1 {
                         if let Some(m) = Q4_1Matrix::from_bytes(&qt.data()?, n, k) {
@@ -321,13 +332,19 @@ impl Linear {
                         return Ok(Linear::Int8(Arc::new(m)));
                     }
                 }
-                Self::from_qtensor(Arc::new(qt), precision)
+                Self::from_qtensor(qt, precision, device, kernels)
             }
         }
     }
 
-    fn from_qtensor(q: Arc<QTensor>, precision: Precision) -> Result<Self> {
-        if precision == Precision::Native {
+    /// A matrix from candle storage (on the host or already on `device`).
+    fn from_qtensor(
+        q: Arc<QTensor>,
+        precision: Precision,
+        device: &Device,
+        kernels: Kernels,
+    ) -> Result<Self> {
+        if own_kernels(precision, kernels) {
             if let [n, k] = *q.shape().dims() {
                 let own = match q.dtype() {
                     GgmlDType::Q4_1 => Q4_1Matrix::from_bytes(&q.data()?, n, k).map(Linear::Q4_1),
@@ -344,10 +361,13 @@ impl Linear {
                 }
             }
         }
+        let q = place_qtensor(q, device)?;
         Ok(Linear::Candle(match precision {
-            // QMatMul keeps quantized types quantized and dequantizes F32/F16/BF16 to f32.
+            // QMatMul keeps quantized types quantized (on a GPU: candle's CUDA kernels, which
+            // quantize the activations to Q8_1 as llama.cpp's do) and dequantizes
+            // F32/F16/BF16 to f32.
             Precision::Native => QMatMul::from_arc(q)?,
-            p => QMatMul::Tensor(q.dequantize(&Device::Cpu)?.to_dtype(p.dtype())?),
+            p => QMatMul::Tensor(q.dequantize(device)?.to_dtype(p.dtype())?),
         }))
     }
 
@@ -403,15 +423,59 @@ fn own_kernel(
     Ok(Tensor::from_vec(y, dims, &Device::Cpu)?)
 }
 
-/// Candle storage for stored bytes.
-fn qtensor(raw: &RawTensor<'_>, name: &str) -> Result<QTensor> {
+/// Which code computes the forward pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kernels {
+    /// Our kernels where a benchmark chose them (quantized matmuls in native precision, f32
+    /// attention, SiLU), candle's ops elsewhere: the CPU's default.
+    Own,
+    /// candle's ops throughout: what runs on a GPU. On the CPU it checks the GPU's path
+    /// against ours.
+    Candle,
+}
+
+impl Kernels {
+    /// The default for `device` (our kernels are CPU code).
+    pub fn for_device(device: &Device) -> Self {
+        if device.is_cpu() {
+            Kernels::Own
+        } else {
+            Kernels::Candle
+        }
+    }
+}
+
+/// How a rank computes: the weights' precision, where, and with which kernels.
+#[derive(Clone, Copy)]
+struct Compute<'a> {
+    precision: Precision,
+    device: &'a Device,
+    kernels: Kernels,
+}
+
+/// Whether our quantized matmuls take the weights (they serve native precision only).
+fn own_kernels(precision: Precision, kernels: Kernels) -> bool {
+    precision == Precision::Native && kernels == Kernels::Own
+}
+
+/// Candle storage for stored bytes, on `device`.
+fn qtensor(raw: &RawTensor<'_>, name: &str, device: &Device) -> Result<QTensor> {
     let err = |e: candle_core::Error| ModelError::Invalid {
         path: Default::default(),
         detail: format!("tensor '{name}': {e}"),
     };
     let storage =
-        QStorage::from_data(Cow::Borrowed(&raw.bytes[..]), &Device::Cpu, raw.dtype).map_err(err)?;
+        QStorage::from_data(Cow::Borrowed(&raw.bytes[..]), device, raw.dtype).map_err(err)?;
     QTensor::new(storage, raw.shape.as_slice()).map_err(err)
+}
+
+/// `q` on `device`: the same quantized bytes, copied once when it lives elsewhere.
+fn place_qtensor(q: Arc<QTensor>, device: &Device) -> Result<Arc<QTensor>> {
+    if q.device().same_device(device) {
+        return Ok(q);
+    }
+    let storage = QStorage::from_data(q.data()?, device, q.dtype())?;
+    Ok(Arc::new(QTensor::new(storage, q.shape().clone())?))
 }
 
 struct RmsNorm {
@@ -420,8 +484,8 @@ struct RmsNorm {
 }
 
 impl RmsNorm {
-    fn from_raw(raw: &RawTensor<'_>, name: &str, c: &LlamaConfig) -> Result<Self> {
-        let w = qtensor(raw, name)?.dequantize(&Device::Cpu)?;
+    fn from_raw(raw: &RawTensor<'_>, name: &str, c: &LlamaConfig, device: &Device) -> Result<Self> {
+        let w = qtensor(raw, name, device)?.dequantize(device)?;
         Ok(Self {
             // In f32, as transformers computes `1.0 + weight.float()`.
             weight: if c.norm_weight_plus_one {
@@ -433,9 +497,9 @@ impl RmsNorm {
         })
     }
 
-    fn load(g: &GgufFile, name: &str, c: &LlamaConfig) -> Result<Self> {
+    fn load(g: &GgufFile, name: &str, c: &LlamaConfig, device: &Device) -> Result<Self> {
         let raw = shard::read(g, &TensorSpec::whole(name.to_string(), &[c.hidden_size]))?;
-        Self::from_raw(&raw, name, c)
+        Self::from_raw(&raw, name, c, device)
     }
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
@@ -485,8 +549,8 @@ impl Embedding {
                 .map(|&t| f32::from(u8::from(self.vocab.contains(&(t as usize)))))
                 .collect();
             (
-                Tensor::from_vec(local, (b, s), &Device::Cpu)?,
-                Some(Tensor::from_vec(keep, (b, s, 1), &Device::Cpu)?),
+                Tensor::from_vec(local, (b, s), ids.device())?,
+                Some(Tensor::from_vec(keep, (b, s, 1), ids.device())?),
             )
         } else {
             (ids.clone(), None)
@@ -568,6 +632,8 @@ struct Attention {
     head_dim: usize,
     /// Multiplies Q·K (1/√head_dim unless the model says otherwise).
     scale: f64,
+    /// f32 attention through our fused kernel ([`Kernels::Own`]).
+    fused: bool,
 }
 
 /// `y + bias` broadcast over the rows, in `y`'s dtype.
@@ -597,7 +663,7 @@ impl Attention {
         let q = rope.apply(&norm(q, &self.q_norm)?)?;
         let k = rope.apply(&norm(k, &self.k_norm)?)?;
         let v = heads(add_bias(self.wv.forward(x)?, &self.bv)?, self.n_kv_heads)?;
-        if q.dtype() == DType::F32 {
+        if q.dtype() == DType::F32 && self.fused {
             let y = self.fused(&q, &k, &v, mask.window)?;
             return add_bias(self.wo.forward(&y)?, &self.bo);
         }
@@ -656,6 +722,8 @@ struct Mlp {
     down: Linear,
     /// GELU (tanh approximation, as ggml and Gemma use) instead of SiLU on the gate.
     gelu: bool,
+    /// f32 SiLU·up in our one pass ([`Kernels::Own`]).
+    fused: bool,
 }
 
 impl Mlp {
@@ -664,7 +732,7 @@ impl Mlp {
         let up = self.up.forward(x)?;
         let h = if self.gelu {
             (gate.gelu()? * up)?
-        } else if gate.dtype() == DType::F32 {
+        } else if gate.dtype() == DType::F32 && self.fused {
             // One pass with our vectorised exponential (see kernels::math).
             let h = with_f32(&gate, |g| with_f32(&up, |u| math::silu_mul(g, u)))??;
             Tensor::from_vec(h, gate.shape(), &Device::Cpu)?
@@ -694,9 +762,14 @@ impl Block {
         i: usize,
         part: &Partition,
         tensors: &[RawTensor<'_>],
-        precision: Precision,
+        compute: Compute<'_>,
         quant: Option<&Quantize>,
     ) -> Result<Self> {
+        let Compute {
+            precision,
+            device,
+            kernels,
+        } = compute;
         let specs = shard::block_specs(c, i, part);
         let index = |short: &str| {
             let name = format!("blk.{i}.{short}");
@@ -712,19 +785,19 @@ impl Block {
                         n_layers: c.n_layers,
                         output: false,
                     };
-                    Linear::quantized(&tensors[k], &site, precision, q)
+                    Linear::quantized(&tensors[k], &site, precision, device, kernels, q)
                 }
-                None => Linear::from_raw(&tensors[k], &specs[k].name, precision),
+                None => Linear::from_raw(&tensors[k], &specs[k].name, precision, device, kernels),
             }
         };
         let norm = |short: &str| {
             let k = at(short);
-            RmsNorm::from_raw(&tensors[k], &specs[k].name, c)
+            RmsNorm::from_raw(&tensors[k], &specs[k].name, c, device)
         };
         let vector = |short: &str| -> Result<Option<Tensor>> {
             match index(short) {
                 Some(k) => Ok(Some(
-                    qtensor(&tensors[k], &specs[k].name)?.dequantize(&Device::Cpu)?,
+                    qtensor(&tensors[k], &specs[k].name, device)?.dequantize(device)?,
                 )),
                 None => Ok(None),
             }
@@ -755,6 +828,7 @@ impl Block {
                 scale: c
                     .attention_scale
                     .unwrap_or(1.0 / (c.head_dim as f64).sqrt()),
+                fused: kernels == Kernels::Own,
             },
             post_attn_norm: optional_norm("post_attention_norm.weight")?,
             ffn_norm: norm("ffn_norm.weight")?,
@@ -763,6 +837,7 @@ impl Block {
                 up: lin("ffn_up.weight")?,
                 down: lin("ffn_down.weight")?,
                 gelu: c.gemma,
+                fused: kernels == Kernels::Own,
             },
             post_ffn_norm: optional_norm("post_ffw_norm.weight")?,
             local: c.is_local(i),
@@ -826,7 +901,12 @@ struct Rope {
 }
 
 impl Rope {
-    fn new(c: &LlamaConfig, theta: f64, freq_factors: Option<Vec<f32>>) -> Result<Self> {
+    fn new(
+        c: &LlamaConfig,
+        theta: f64,
+        freq_factors: Option<Vec<f32>>,
+        device: &Device,
+    ) -> Result<Self> {
         let half = c.rope_dim / 2;
         let inv_freq: Vec<f32> = (0..half)
             .map(|i| {
@@ -842,7 +922,7 @@ impl Rope {
                 angles.push(p as f32 * f);
             }
         }
-        let angles = Tensor::from_vec(angles, (n, half), &Device::Cpu)?;
+        let angles = Tensor::from_vec(angles, (n, half), device)?;
         Ok(Self {
             cos: angles.cos()?,
             sin: angles.sin()?,
@@ -878,6 +958,9 @@ pub struct Llama {
     /// The sliding-window layers' table, where their RoPE base differs (Gemma 3).
     rope_local: Option<Rope>,
     quantize: Option<Quantize>,
+    /// Where the weights live and the forward pass runs.
+    device: Device,
+    kernels: Kernels,
 }
 
 impl Llama {
@@ -890,16 +973,43 @@ impl Llama {
 
     /// Builds the part of the model that `part` names: only its tensors are read.
     pub fn from_gguf_part(g: &GgufFile, precision: Precision, part: &Partition) -> Result<Self> {
-        Self::load(g, precision, part, None)
+        Self::load(g, precision, part, None, &Device::Cpu)
     }
 
-    /// [`Self::from_gguf_part`], quantizing the weights at load when `quantize` is given.
+    /// [`Self::from_gguf_part`] on `device`, quantizing the weights at load when `quantize`
+    /// is given.
     pub fn load(
         g: &GgufFile,
         precision: Precision,
         part: &Partition,
         quantize: Option<Quantize>,
+        device: &Device,
     ) -> Result<Self> {
+        Self::load_with_kernels(
+            g,
+            precision,
+            part,
+            quantize,
+            device,
+            Kernels::for_device(device),
+        )
+    }
+
+    /// [`Self::load`] with the forward pass's code chosen ([`Kernels::Own`] is taken as
+    /// [`Kernels::Candle`] off the CPU).
+    pub fn load_with_kernels(
+        g: &GgufFile,
+        precision: Precision,
+        part: &Partition,
+        quantize: Option<Quantize>,
+        device: &Device,
+        kernels: Kernels,
+    ) -> Result<Self> {
+        let kernels = if device.is_cpu() {
+            kernels
+        } else {
+            Kernels::Candle
+        };
         let config = LlamaConfig::from_gguf(g)?;
         shard::check_tensor_parallel(g, &config, part.tp, quantize.as_ref())?;
         let (v, d) = (config.vocab_size, config.hidden_size);
@@ -911,7 +1021,8 @@ impl Llama {
         let need_embd = part.embed || (part.head && config.tied_embeddings);
         let embd = if need_embd {
             let raw = shard::read(g, &embd_spec)?;
-            let q = Arc::new(qtensor(&raw, "token_embd.weight")?);
+            // On the host first: several layouts derive from it, each placed on `device`.
+            let q = Arc::new(qtensor(&raw, "token_embd.weight", &Device::Cpu)?);
             release(g, &raw, "token_embd.weight");
             Some(q)
         } else {
@@ -935,30 +1046,30 @@ impl Llama {
                     path: Default::default(),
                     detail: format!("cannot quantize 'token_embd.weight' to {}: {e}", q.scheme),
                 })? {
-                    Quantized::Dense(t) => {
-                        Ok(EmbeddingTable::Dense(t.to_dtype(precision.dtype())?))
-                    }
+                    Quantized::Dense(t) => Ok(EmbeddingTable::Dense(
+                        t.to_dtype(precision.dtype())?.to_device(device)?,
+                    )),
                     // Lookups of a quantized table give f32 rows: dense in bf16/f16.
                     Quantized::Ggml(qt)
                         if matches!(precision, Precision::Bf16 | Precision::F16) =>
                     {
-                        Ok(EmbeddingTable::Dense(
-                            qt.dequantize(&Device::Cpu)?.to_dtype(precision.dtype())?,
-                        ))
+                        Ok(EmbeddingTable::Dense(dense(&qt, precision, device)?))
                     }
-                    Quantized::Ggml(qt) => Ok(EmbeddingTable::Quantized(Arc::new(qt))),
+                    Quantized::Ggml(qt) => {
+                        Ok(EmbeddingTable::Quantized(place_qtensor(qt, device)?))
+                    }
                 }
             };
             if part.head && config.tied_embeddings {
                 output = Some(match (quant_out, precision) {
                     (Some(q), _) => {
                         let raw = shard::read(g, &embd_spec)?;
-                        Linear::quantized(&raw, &embd_site, precision, &q)?
+                        Linear::quantized(&raw, &embd_site, precision, device, kernels, &q)?
                     }
-                    (None, Precision::Native) => Linear::from_qtensor(embd.clone(), precision)?,
-                    (None, p) => Linear::Candle(QMatMul::Tensor(
-                        embd.dequantize(&Device::Cpu)?.to_dtype(p.dtype())?,
-                    )),
+                    (None, Precision::Native) => {
+                        Linear::from_qtensor(embd.clone(), precision, device, kernels)?
+                    }
+                    (None, p) => Linear::Candle(QMatMul::Tensor(dense(embd, p, device)?)),
                 });
             }
             if part.embed {
@@ -966,15 +1077,20 @@ impl Llama {
                     (Some(q), _) => requantized(&q)?,
                     (None, Precision::Native) => {
                         // The tied output layer's decoded rows serve the lookups too.
-                        if let Some(Linear::Int8(m)) = output
+                        let tied = output
                             .as_ref()
-                            .filter(|_| config.tied_embeddings && quant_out.is_none())
-                        {
+                            .filter(|_| config.tied_embeddings && quant_out.is_none());
+                        if let Some(Linear::Int8(m)) = tied {
                             EmbeddingTable::Int8(m.clone())
+                        } else if let Some(Linear::Candle(QMatMul::QTensor(q))) =
+                            tied.filter(|_| kernels == Kernels::Candle)
+                        {
+                            // The output layer's copy on the GPU serves the lookups too.
+                            EmbeddingTable::Quantized(q.clone())
                         } else if embd.dtype().block_size() == 1 {
-                            EmbeddingTable::Dense(embd.dequantize(&Device::Cpu)?)
+                            EmbeddingTable::Dense(dense(embd, Precision::F32, device)?)
                         } else {
-                            EmbeddingTable::Quantized(embd.clone())
+                            EmbeddingTable::Quantized(place_qtensor(embd.clone(), device)?)
                         }
                     }
                     (None, p) => {
@@ -985,9 +1101,7 @@ impl Llama {
                             {
                                 EmbeddingTable::Dense(t.clone())
                             }
-                            _ => EmbeddingTable::Dense(
-                                embd.dequantize(&Device::Cpu)?.to_dtype(p.dtype())?,
-                            ),
+                            _ => EmbeddingTable::Dense(dense(embd, p, device)?),
                         }
                     }
                 });
@@ -1007,9 +1121,9 @@ impl Llama {
                         n_layers: config.n_layers,
                         output: true,
                     };
-                    Linear::quantized(&raw, &site, precision, &q)?
+                    Linear::quantized(&raw, &site, precision, device, kernels, &q)?
                 }
-                None => Linear::from_raw(&raw, "output.weight", precision)?,
+                None => Linear::from_raw(&raw, "output.weight", precision, device, kernels)?,
             });
             release(g, &raw, "output.weight");
         }
@@ -1030,7 +1144,11 @@ impl Llama {
                         i,
                         part,
                         &raws,
-                        precision,
+                        Compute {
+                            precision,
+                            device,
+                            kernels,
+                        },
                         quantize.as_ref(),
                     )?))
                 };
@@ -1049,16 +1167,16 @@ impl Llama {
             None => None,
         };
         let norm = if part.head {
-            Some(RmsNorm::load(g, "output_norm.weight", &config)?)
+            Some(RmsNorm::load(g, "output_norm.weight", &config, device)?)
         } else {
             None
         };
         Ok(Self {
             rope_local: match config.local_layers.is_empty() {
-                false => Some(Rope::new(&config, config.rope_theta_local, None)?),
+                false => Some(Rope::new(&config, config.rope_theta_local, None, device)?),
                 true => None,
             },
-            rope: Rope::new(&config, config.rope_theta, freq_factors)?,
+            rope: Rope::new(&config, config.rope_theta, freq_factors, device)?,
             embedding: embedding.map(|table| Embedding {
                 table,
                 vocab: vocab.clone(),
@@ -1072,11 +1190,18 @@ impl Llama {
             norm,
             output,
             quantize,
+            device: device.clone(),
+            kernels,
         })
     }
 
     pub fn precision(&self) -> Precision {
         self.precision
+    }
+
+    /// Where the weights live and the forward pass runs.
+    pub fn device(&self) -> &Device {
+        &self.device
     }
 
     /// Bytes of weights this rank holds (FSDP pieces counted as stored).
@@ -1137,9 +1262,9 @@ impl Llama {
         let masks = match &x {
             Some(x) => {
                 let t = x.dim(1)?;
-                let global = causal_mask(t, None)?;
+                let global = causal_mask(t, None, x.device())?;
                 let local = match self.config.sliding_window {
-                    Some(w) if w < t => causal_mask(t, Some(w))?,
+                    Some(w) if w < t => causal_mask(t, Some(w), x.device())?,
                     _ => global.clone(),
                 };
                 Some((global, local))
@@ -1164,7 +1289,11 @@ impl Llama {
                         i,
                         &self.partition,
                         &tensors,
-                        self.precision,
+                        Compute {
+                            precision: self.precision,
+                            device: &self.device,
+                            kernels: self.kernels,
+                        },
                         self.quantize.as_ref(),
                     )?;
                     &gathered
@@ -1227,6 +1356,13 @@ impl Llama {
     }
 }
 
+/// The f32 values of `q` in `precision`'s dtype, on `device`.
+fn dense(q: &QTensor, precision: Precision, device: &Device) -> Result<Tensor> {
+    Ok(q.dequantize(&Device::Cpu)?
+        .to_dtype(precision.dtype())?
+        .to_device(device)?)
+}
+
 /// Drops a tensor's mapped pages once its bytes were copied (see [`GgufFile::release`]).
 fn release(g: &GgufFile, _copied: &RawTensor<'_>, name: &str) {
     if let Some(info) = g.tensors.get(name) {
@@ -1243,7 +1379,7 @@ struct Mask {
     window: Option<usize>,
 }
 
-fn causal_mask(t: usize, window: Option<usize>) -> Result<Mask> {
+fn causal_mask(t: usize, window: Option<usize>, device: &Device) -> Result<Mask> {
     let w = window.unwrap_or(usize::MAX);
     let mask: Vec<f32> = (0..t)
         .flat_map(|i| {
@@ -1257,7 +1393,7 @@ fn causal_mask(t: usize, window: Option<usize>) -> Result<Mask> {
         })
         .collect();
     Ok(Mask {
-        additive: Tensor::from_vec(mask, (t, t), &Device::Cpu)?,
+        additive: Tensor::from_vec(mask, (t, t), device)?,
         window,
     })
 }

@@ -6,7 +6,11 @@
 //! dequantizes every weight once at load and computes in f32 (the exact value of the model as
 //! stored), `bf16`/`f16` round the weights to that type and compute every activation in it
 //! (as a framework's bf16/f16 evaluation does; the logits' log-softmax stays f64).
+//!
+//! [`DeviceSpec`] selects where: the CPU, or a GPU through candle's CUDA backend
+//! ([`device`], cargo feature `cuda`).
 
+pub mod device;
 pub mod fetch;
 pub mod gguf;
 pub mod gguf_write;
@@ -18,8 +22,9 @@ pub mod memory;
 pub mod quantize;
 pub mod shard;
 
+pub use device::{DeviceError, DeviceSpec};
 pub use gguf::{GgufError, GgufFile};
-pub use llama::{Collectives, Llama, LlamaConfig};
+pub use llama::{Collectives, Kernels, Llama, LlamaConfig};
 pub use quantize::{Quantize, Scheme};
 pub use shard::Partition;
 

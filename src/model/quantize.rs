@@ -94,7 +94,8 @@ pub struct Quantize {
 /// A weight after quantization: the dequantized values (int4, int8), or a GGUF-typed tensor.
 pub enum Quantized {
     Dense(Tensor),
-    Ggml(QTensor),
+    /// Shared: the model holds it as it comes (candle's CUDA storage makes it large).
+    Ggml(std::sync::Arc<QTensor>),
 }
 
 /// The GGUF type used for a row of `cols` values: K-quants need rows of multiples of 256;
@@ -169,7 +170,9 @@ impl Quantize {
 pub fn quantize(q: &Quantize, w: &Tensor, site: &Site) -> candle_core::Result<Quantized> {
     let (rows, cols) = w.dims2()?;
     match q.ggml_type(site, cols) {
-        Some(dtype) => Ok(Quantized::Ggml(QTensor::quantize(w, dtype)?)),
+        Some(dtype) => Ok(Quantized::Ggml(std::sync::Arc::new(QTensor::quantize(
+            w, dtype,
+        )?))),
         None => {
             let v = w.flatten_all()?.to_vec1::<f32>()?;
             let out = match q.scheme {

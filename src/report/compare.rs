@@ -134,13 +134,14 @@ pub struct Expectation {
 }
 
 /// Scoring options that change results (batch size, threads, ranks and schedule do not).
-const RESULT_KEYS: [&str; 8] = [
+const RESULT_KEYS: [&str; 9] = [
     "method",
     "ctx",
     "stride",
     "chunks",
     "max_tokens",
     "precision",
+    "device",
     "seed",
     "bootstrap_samples",
 ];
@@ -150,7 +151,14 @@ const RESULT_KEYS: [&str; 8] = [
 pub fn expectation(prev: &Results, now: &Results) -> Expectation {
     let mut changed = Vec::new();
     for key in RESULT_KEYS {
-        let (a, b) = (prev.config.get(key), now.config.get(key));
+        // Results written before `device` existed ran on the CPU.
+        let cpu = serde_json::Value::from("cpu");
+        let get = |c: &serde_json::Value| match c.get(key) {
+            None if key == "device" => Some(cpu.clone()),
+            v => v.cloned(),
+        };
+        let (a, b) = (get(&prev.config), get(&now.config));
+        let (a, b) = (a.as_ref(), b.as_ref());
         if a != b {
             let show =
                 |v: Option<&serde_json::Value>| v.map_or("unset".to_string(), |v| v.to_string());

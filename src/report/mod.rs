@@ -101,6 +101,9 @@ pub struct Results {
     /// The memory planner's estimate for this process (compare with `system.peak_rss_bytes`).
     #[serde(default)]
     pub memory: Option<MemoryReport>,
+    /// What repeats bit for bit on the device this run used (absent in older files).
+    #[serde(default)]
+    pub determinism: Option<crate::model::device::Determinism>,
 }
 
 /// The planner's figures, recorded next to the measured peak RSS.
