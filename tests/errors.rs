@@ -225,7 +225,7 @@ fn gpu_options_without_a_gpu_build_name_the_fix() {
         ],
     );
     fails_with(
-        &["--tp", "2", "--tp-backend", "nccl", "--chunks", "1"],
+        &["--tp", "3", "--tp-backend", "nccl", "--chunks", "1"],
         &wiki,
         &model,
         &["--tp-backend nccl", "--features nccl"],

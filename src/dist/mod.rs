@@ -4,6 +4,8 @@
 //! - [`local`]: N ranks as threads of one process, sharing one read-only copy of the weights
 //!   (`ppl eval --ranks N`, the default backend).
 //! - `mpi` (cargo feature `mpi`): one rank per MPI process (`mpirun -np N ppl eval …`).
+//! - `nccl` (cargo feature `nccl`): not a [`Communicator`] but a GPU-side all-reduce for the
+//!   tensor-parallel activations ([`TpBackend::Nccl`]), set up over one.
 //!
 //! Backends implement point-to-point messages of bytes; the collectives (barrier, broadcast,
 //! gather, all-gather, an exact integer all-reduce) are built once on top of them, in
