@@ -109,21 +109,26 @@ impl EvalConfig {
     /// activation compression do change values and are kept.
     fn values_json(&self, dims: &ParallelDims) -> String {
         let lossy = dims.tp > 1 || dims.pp > 1;
-        serde_json::json!({
+        let mut values = serde_json::json!({
             "method": self.method,
             "ctx": self.ctx,
             "stride": self.stride,
             "chunks": self.chunks,
             "max_tokens": self.max_tokens,
             "precision": self.precision,
-            // A GPU's sums differ from the CPU's in the last bits: no mixing in one ledger.
-            "on_gpu": !self.device.is_cpu(),
             "tp": dims.tp,
-            "tp_backend": if dims.tp > 1 { self.tp_backend } else { TpBackend::Host },
             "comm_dtype": if lossy { self.comm_dtype } else { CommDtype::F32 },
             "quantize": self.quantize,
-        })
-        .to_string()
+        });
+        // A GPU's sums differ from the CPU's in the last bits: no mixing in one ledger. (Only
+        // named when set, so that CPU ledgers written before GPUs existed still resume.)
+        if !self.device.is_cpu() {
+            values["on_gpu"] = true.into();
+            if dims.tp > 1 {
+                values["tp_backend"] = serde_json::json!(self.tp_backend);
+            }
+        }
+        values.to_string()
     }
 
     /// The mesh for a world of `world` ranks: plain data parallelism (every rank a whole
