@@ -1036,26 +1036,29 @@ pub fn evaluate_rank(
 
 /// This process's index among the MPI ranks of its node (which GPU `--device cuda` gives it).
 fn local_rank() -> usize {
-    [
+    launcher_var(&[
         "OMPI_COMM_WORLD_LOCAL_RANK",
         "MPI_LOCALRANKID",
         "SLURM_LOCALID",
-    ]
-    .iter()
-    .find_map(|v| std::env::var(v).ok()?.parse().ok())
+    ])
     .unwrap_or(0)
 }
 
 /// MPI ranks sharing this node (they share its memory).
 fn ranks_on_this_node() -> usize {
-    [
+    launcher_var(&[
         "OMPI_COMM_WORLD_LOCAL_SIZE",
         "MPI_LOCALNRANKS",
         "SLURM_NTASKS_PER_NODE",
-    ]
-    .iter()
-    .find_map(|v| std::env::var(v).ok()?.parse().ok())
+    ])
     .unwrap_or(1)
+}
+
+/// The first of these launcher variables (OpenMPI, MPICH, Slurm) that holds a number.
+fn launcher_var(names: &[&str]) -> Option<usize> {
+    names
+        .iter()
+        .find_map(|v| std::env::var(v).ok()?.parse().ok())
 }
 
 /// Estimates this process's peak memory and refuses, before loading, a run that cannot fit,

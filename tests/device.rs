@@ -1,8 +1,8 @@
 //! The GPU's forward pass. CI has no GPU, so the code a GPU runs — candle's ops throughout
 //! (`Kernels::Candle`: its quantized matmul, attention through matmul + mask + softmax, the
 //! tensor form of the log-softmax) — is checked on the CPU against our kernels on SmolLM2
-//! Q4_1 and WikiText-2. On a CUDA build with a GPU, `cargo test --release --features cuda
-//! --test device -- --ignored` runs the same windows on the GPU.
+//! Q4_1 and WikiText-2's first chunk. On a CUDA build with a GPU, `cargo test --release --features cuda
+//! --test device -- --ignored` runs the same window on the GPU.
 
 mod common;
 
@@ -12,13 +12,13 @@ use ppl::eval;
 use ppl::model::{GgufFile, Kernels, Llama, Partition, Precision};
 use ppl::tokenize::Tokenizer;
 
-/// Two 512-token chunks of wikitext, as `ppl eval` cuts them.
-fn two_chunks(g: &GgufFile) -> Vec<ppl::data::Window> {
+/// The first 512-token chunk of wikitext, as `ppl eval` cuts it (255 scored tokens).
+fn first_chunk(g: &GgufFile) -> Vec<ppl::data::Window> {
     let tok = Tokenizer::from_gguf(g).unwrap();
     let text = std::fs::read_to_string(common::wikitext()).unwrap();
     let ids = tok.encode(&text[..20_000]).unwrap();
-    let w = windows::chunks(&ids, 512, Some(2), tok.bos_id.filter(|_| tok.add_bos));
-    assert_eq!(w.len(), 2);
+    let w = windows::chunks(&ids, 512, Some(1), tok.bos_id.filter(|_| tok.add_bos));
+    assert_eq!(w.len(), 1);
     w
 }
 
@@ -41,7 +41,7 @@ fn nlls(
 
 fn compare(what: &str, ours: &[f64], other: &[f64], token_tol: f64, mean_tol: f64) {
     assert_eq!(ours.len(), other.len());
-    assert_eq!(ours.len(), 2 * 255);
+    assert_eq!(ours.len(), 255);
     let worst = ours
         .iter()
         .zip(other)
@@ -66,7 +66,7 @@ fn compare(what: &str, ours: &[f64], other: &[f64], token_tol: f64, mean_tol: f6
 #[test]
 fn candle_ops_match_our_kernels_on_smollm2() {
     let g = GgufFile::open(&common::model()).unwrap();
-    let w = two_chunks(&g);
+    let w = first_chunk(&g);
     let cpu = Device::Cpu;
     // f32: the same weights and definition; only summation orders differ (fused attention
     // and SiLU vs candle's matmul/softmax).
@@ -74,12 +74,13 @@ fn candle_ops_match_our_kernels_on_smollm2() {
     let candle = nlls(&g, Precision::F32, &cpu, Kernels::Candle, &w);
     compare("f32", &own, &candle, 1e-4, 1e-6);
     // native: both quantize activations to 8 bits per 32 values for the quantized weights,
-    // but with their own rounding and summation orders; 8-bit activations move single tokens'
-    // NLLs by up to ~0.8 nats from f32 (measured on these windows: ours 0.80, candle's 0.39,
-    // ours vs candle's 0.52; means 3.0788 / 3.0747, f32 3.0765), so only gross errors show.
+    // but with their own rounding and summation orders, and 8-bit activations move single
+    // tokens' NLLs by up to ~0.8 nats from f32. Measured on this chunk: mean NLL 2.55865
+    // (ours) vs 2.55173 (candle's), 2.7e-3 apart, worst token 0.39 (over two chunks: 1.3e-3,
+    // 0.52), so only gross errors (a wrong block layout gives NLLs of 10 and more) show.
     let own = nlls(&g, Precision::Native, &cpu, Kernels::Own, &w);
     let candle = nlls(&g, Precision::Native, &cpu, Kernels::Candle, &w);
-    compare("native", &own, &candle, 1.0, 3e-3);
+    compare("native", &own, &candle, 1.0, 1e-2);
 }
 
 /// On a GPU: f32 within 1e-4 relative of the CPU (the goal; typically ~1e-6), and the
@@ -89,7 +90,7 @@ fn candle_ops_match_our_kernels_on_smollm2() {
 #[ignore = "needs a CUDA GPU: cargo test --release --features cuda --test device -- --ignored"]
 fn gpu_matches_the_cpu_and_repeats_itself() {
     let g = GgufFile::open(&common::model()).unwrap();
-    let w = two_chunks(&g);
+    let w = first_chunk(&g);
     let gpu = Device::new_cuda(0).expect("a CUDA GPU");
     let cpu = nlls(&g, Precision::F32, &Device::Cpu, Kernels::Own, &w);
     let first = nlls(&g, Precision::F32, &gpu, Kernels::Candle, &w);
@@ -104,5 +105,5 @@ fn gpu_matches_the_cpu_and_repeats_itself() {
     );
     let cpu = nlls(&g, Precision::Native, &Device::Cpu, Kernels::Own, &w);
     let native = nlls(&g, Precision::Native, &gpu, Kernels::Candle, &w);
-    compare("native gpu", &cpu, &native, 1.0, 3e-3);
+    compare("native gpu", &cpu, &native, 1.0, 1e-2);
 }

@@ -36,7 +36,7 @@ pub enum TpBackend {
     /// Over the host communicator (local or MPI), in rank order.
     #[default]
     Host,
-    /// GPU to GPU with NCCL ([`nccl`], cargo feature `nccl`, `--device cuda`).
+    /// GPU to GPU with NCCL (cargo feature `nccl`, `--device cuda`; see the `nccl` module).
     Nccl,
 }
 
