@@ -55,16 +55,13 @@ impl NcclGroup {
             id
         } else {
             let bytes = group.broadcast(0, Vec::new())?;
-            let internal: [std::ffi::c_char; 128] = std::array::from_fn(|i| {
-                bytes.get(i).copied().unwrap_or_default() as std::ffi::c_char
-            });
             if bytes.len() != 128 {
                 return Err(CommError::Protocol {
                     from: 0,
                     detail: format!("an NCCL unique id of {} bytes (expected 128)", bytes.len()),
                 });
             }
-            Id::uninit(internal)
+            Id::uninit(std::array::from_fn(|i| bytes[i] as std::ffi::c_char))
         };
         let comm = Comm::from_rank(cuda.cuda_stream(), group.rank(), group.size(), id)
             .map_err(|e| nccl("communicator init", e))?;
