@@ -88,12 +88,7 @@ fn a_quantized_model_against_its_base() {
 
 #[test]
 fn models_with_different_tokenizers_are_refused() {
-    let gemma = ppl::model::fetch::cache_dir()
-        .join("models")
-        .join("gemma-3-270m-q4_k_m.gguf");
-    if !gemma.is_file() {
-        panic!("run `ppl fetch-model gemma3` first (CI does)");
-    }
+    let gemma = common::gemma();
     ppl_cmd()
         .arg("compare")
         .arg("--base")

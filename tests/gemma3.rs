@@ -7,16 +7,8 @@ mod common;
 
 use std::path::PathBuf;
 
-use common::ppl_cmd;
+use common::{gemma, ppl_cmd};
 use ppl::report::Results;
-
-fn gemma() -> PathBuf {
-    let p = ppl::model::fetch::cache_dir()
-        .join("models")
-        .join("gemma-3-270m-q4_k_m.gguf");
-    assert!(p.is_file(), "run `ppl fetch-model gemma3` first (CI does)");
-    p
-}
 
 fn reference() -> serde_json::Value {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gemma3-llamacpp.json");

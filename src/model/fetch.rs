@@ -142,7 +142,11 @@ pub fn fetch(cache: &Path, model: &TestModel) -> Result<PathBuf, FetchError> {
         source,
     };
     std::fs::create_dir_all(dir).map_err(io)?;
-    let staging = dir.join(format!(".download-{}", std::process::id()));
+    // One staging directory per call: test threads of one process may fetch at once (the
+    // last rename wins, with the same checked bytes).
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let staging = dir.join(format!(".download-{}-{call}", std::process::id()));
     std::fs::create_dir_all(&staging).map_err(io)?;
     let result = download_into(&staging, &target, model, dir);
     let _ = std::fs::remove_dir_all(&staging);

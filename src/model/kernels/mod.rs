@@ -18,12 +18,121 @@ pub mod math;
 pub mod panel;
 pub mod q4_1;
 
-/// AVX2 and FMA, detected once.
+use std::sync::Arc;
+
+use candle_core::quantized::GgmlDType;
+
+/// A weight matrix `[n, k]` (n outputs, k inputs) held for one of our kernels.
+pub trait OwnMatrix: Send + Sync {
+    /// `(n, k)`.
+    fn shape(&self) -> (usize, usize);
+    /// Bytes held.
+    fn storage_bytes(&self) -> usize;
+    /// `x [m, k]` (row-major) times this matrix transposed: `[m, n]`.
+    fn matmul(&self, x: &[f32], m: usize) -> Vec<f32>;
+    /// Row `j` as f32: the same numbers as ggml's (and candle's) dequantization, so a tied
+    /// embedding table is looked up from the output layer's copy, one row at a time.
+    fn dequantize_row(&self, j: usize, out: &mut [f32]);
+}
+
+/// The one place that picks our kernel for a stored matrix `[n, k]` of GGUF type `dtype`:
+/// `None` when candle's serves that type, `Some(Err(detail))` when the bytes do not have the
+/// type's layout.
+pub fn own_matrix(
+    dtype: GgmlDType,
+    bytes: &[u8],
+    n: usize,
+    k: usize,
+) -> Option<Result<Arc<dyn OwnMatrix>, String>> {
+    fn boxed<M: OwnMatrix + 'static>(m: Option<M>) -> Option<Arc<dyn OwnMatrix>> {
+        m.map(|m| Arc::new(m) as Arc<dyn OwnMatrix>)
+    }
+    let m = match dtype {
+        GgmlDType::Q4_1 => boxed(q4_1::Q4_1Matrix::from_bytes(bytes, n, k)),
+        GgmlDType::Q5_0 => boxed(int8::Int8Matrix::from_q5_0(bytes, n, k)),
+        GgmlDType::Q8_0 => boxed(int8::Int8Matrix::from_q8_0(bytes, n, k)),
+        _ => return None,
+    };
+    Some(m.ok_or_else(|| format!("a malformed {dtype:?} layout for [{n}, {k}]")))
+}
+
+/// The instruction sets our kernels can use, in increasing order. Every kernel gives the same
+/// bits at every level (an MPI job may mix machines and must still give one answer); the level
+/// only changes the speed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Isa {
+    /// Plain Rust: the definition every SIMD path is tested against.
+    Portable,
+    /// AVX2 + FMA + F16C.
+    Avx2,
+    /// AVX-512 F/BW/VL + VNNI (on top of AVX2).
+    Avx512,
+}
+
+impl Isa {
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Portable => "portable",
+            Isa::Avx2 => "avx2",
+            Isa::Avx512 => "avx512",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "portable" | "none" | "scalar" => Some(Isa::Portable),
+            "avx2" => Some(Isa::Avx2),
+            "avx512" | "avx512vnni" | "avx512_vnni" => Some(Isa::Avx512),
+            _ => None,
+        }
+    }
+}
+
+/// What this CPU advertises (CPUID), before any cap.
+#[cfg(target_arch = "x86_64")]
+fn advertised() -> Isa {
+    let avx2 = is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("fma")
+        && is_x86_feature_detected!("f16c");
+    let avx512 = avx2
+        && is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vl")
+        && is_x86_feature_detected!("avx512vnni");
+    match (avx2, avx512) {
+        (_, true) => Isa::Avx512,
+        (true, false) => Isa::Avx2,
+        _ => Isa::Portable,
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn advertised() -> Isa {
+    Isa::Portable
+}
+
+/// The level our kernels run at: what the CPU advertises, capped by `PPL_ISA`
+/// (`portable`, `avx2`, `avx512`), detected once per process.
+pub fn isa() -> Isa {
+    use std::sync::OnceLock;
+    static ISA: OnceLock<Isa> = OnceLock::new();
+    *ISA.get_or_init(|| {
+        let found = advertised();
+        match std::env::var("PPL_ISA")
+            .ok()
+            .as_deref()
+            .and_then(Isa::parse)
+        {
+            Some(cap) => found.min(cap),
+            None => found,
+        }
+    })
+}
+
+/// AVX2 and FMA may be used (see [`isa`]).
 #[cfg(target_arch = "x86_64")]
 pub(crate) fn avx2_available() -> bool {
-    use std::sync::OnceLock;
-    static AVX2: OnceLock<bool> = OnceLock::new();
-    *AVX2.get_or_init(|| is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"))
+    isa() >= Isa::Avx2
 }
 
 /// Sum of the eight lanes as ggml's `hsum_float_8` orders it:

@@ -57,10 +57,39 @@ impl Q4_1Matrix {
         panel::matmul(self, x, m)
     }
 
+    /// Row `j` as f32, `q·d + m` per value (ggml's and candle's Q4_1 dequantization).
+    pub fn dequantize_row(&self, j: usize, out: &mut [f32]) {
+        let (dm, qs) = self.row(j);
+        for ((o, [d, m]), q) in out.chunks_exact_mut(BLOCK).zip(dm).zip(qs) {
+            for (i, &byte) in q.iter().enumerate() {
+                o[i] = (byte & 0x0F) as f32 * d + m;
+                o[i + 16] = (byte >> 4) as f32 * d + m;
+            }
+        }
+    }
+
     fn row(&self, j: usize) -> (&[[f32; 2]], &[[u8; 16]]) {
         let nb = self.k / BLOCK;
         let w = j * nb..(j + 1) * nb;
         (&self.dm[w.clone()], &self.qs[w])
+    }
+}
+
+impl super::OwnMatrix for Q4_1Matrix {
+    fn shape(&self) -> (usize, usize) {
+        (self.n, self.k)
+    }
+
+    fn storage_bytes(&self) -> usize {
+        self.storage_bytes()
+    }
+
+    fn matmul(&self, x: &[f32], m: usize) -> Vec<f32> {
+        self.matmul(x, m)
+    }
+
+    fn dequantize_row(&self, j: usize, out: &mut [f32]) {
+        self.dequantize_row(j, out)
     }
 }
 
