@@ -501,6 +501,13 @@ pub fn setup_rank(
         String::from_utf8_lossy(&comm.broadcast(0, run_dir.display().to_string().into_bytes())?)
             .into_owned(),
     );
+    // A rank that aborts the job from here on says how to go on from what is finished.
+    let shown = std::path::absolute(&run_dir).unwrap_or_else(|_| run_dir.clone());
+    crate::dist::set_abort_note(format!(
+        "the windows finished so far are kept in {0}: resume with `ppl eval --resume {0}` \
+         (under mpirun or `ppl launch` as before, on any number of ranks)",
+        shown.display()
+    ));
 
     let t_tok = Instant::now();
     let cfg_here = EvalConfig {
@@ -1070,7 +1077,7 @@ fn plan_memory(
     processes_on_node: usize,
     parts: &[Partition],
 ) -> Result<MemoryReport, EvalError> {
-    let est = |precision, batch, ranks| {
+    let est_parts = |precision, batch, ranks, parts: &[Partition]| {
         memory::estimate(
             &setup.gguf,
             &setup.mc,
@@ -1082,6 +1089,7 @@ fn plan_memory(
             parts,
         )
     };
+    let est = |precision, batch, ranks| est_parts(precision, batch, ranks, parts);
     let e = est(cfg.precision, cfg.batch_size, ranks_in_process);
     let available = memory::available_bytes();
     let report = MemoryReport {
@@ -1129,7 +1137,41 @@ fn plan_memory(
             est(Precision::Native, cfg.batch_size, ranks_in_process),
         );
     }
-    remedies.push("  pipeline or tensor parallelism across nodes (not supported yet)".into());
+    // The model split over two nodes, one process each: the larger share.
+    let whole_model = parts
+        .iter()
+        .all(|p| p.layers.len() == setup.mc.n_layers && p.tp == 1);
+    if whole_model && matches!(cfg.precision, Precision::Native | Precision::F32) {
+        let split = |dims: ParallelDims| {
+            (0..dims.world())
+                .map(|r| {
+                    let part = partition(&dims, r, &setup.mc);
+                    est_parts(
+                        cfg.precision,
+                        cfg.batch_size,
+                        1,
+                        std::slice::from_ref(&part),
+                    )
+                })
+                .max_by_key(|e| e.total_bytes)
+                .expect("a mesh has ranks")
+        };
+        let two = |pp, dp_shard| ParallelDims {
+            dp_replicate: 1,
+            dp_shard,
+            tp: 1,
+            cp: 1,
+            pp,
+        };
+        consider(
+            "--pp 2 over two nodes, one rank each (same result)",
+            split(two(2, 1)),
+        );
+        consider(
+            "--dp-shard 2 over two nodes, one rank each (same result)",
+            split(two(1, 2)),
+        );
+    }
     Err(EvalError::Memory(format!(
         "not enough memory: this run needs about {} (weights {}, activations {} and logits {} per rank × {} rank(s), other {}) but {} allows {}{}; nothing was loaded. Cheapest remedies:\n{}",
         memory::mib(e.total_bytes),

@@ -3,8 +3,11 @@
 //! `ppl launch --nproc-per-node 4 --hosts h1,h2 -- eval --model m.gguf --data t.txt` runs
 //! `mpirun -np 8 --host h1:4,h2:4 [--bind-to none] <this ppl> eval …`; `--dry-run` prints it.
 
+use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitCode};
+use std::process::{Child, Command, ExitCode, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::Args;
@@ -93,11 +96,123 @@ pub fn mpirun_args(args: &LaunchArgs, exe: &Path, open_mpi: bool) -> anyhow::Res
         if running_as_root() {
             out.push("--allow-run-as-root".to_string());
         }
+        out.extend(lost_host_settings(crate::dist::comm_timeout().as_secs()));
+        // ppl's own settings reach every rank (Open MPI forwards only what -x names).
+        let mut forwarded: Vec<String> = std::env::vars_os()
+            .filter_map(|(k, _)| k.into_string().ok())
+            .filter(|k| k.starts_with("PPL_"))
+            .collect();
+        forwarded.sort();
+        for k in forwarded {
+            out.extend(["-x".to_string(), k]);
+        }
     }
     out.extend(args.mpirun_args.iter().cloned());
     out.push(exe.display().to_string());
     out.extend(args.command.iter().cloned());
     Ok(out)
+}
+
+/// Open MPI's out-of-band keepalive, so that mpirun and its daemons give up on a lost host:
+/// by default they notice one only after 8 minutes of silence (300 s idle, then 9 probes 20 s
+/// apart), and mpirun cannot end a job whose host it cannot reach. Probes every 5 s after 10 s
+/// of silence, given up after `timeout` + 15 s: a rank's own `PPL_COMM_TIMEOUT` names the lost
+/// peer first, and the launcher still ends within `timeout` + 30 s.
+pub fn lost_host_settings(timeout_s: u64) -> Vec<String> {
+    let probes = (timeout_s + 15).div_ceil(5).max(1);
+    [
+        ("oob_tcp_keepalive_time", 10),
+        ("oob_tcp_keepalive_intvl", 5),
+        ("oob_tcp_keepalive_probes", probes),
+    ]
+    .iter()
+    .flat_map(|(k, v)| ["--mca".to_string(), k.to_string(), v.to_string()])
+    .collect()
+}
+
+/// What mpirun or a rank prints when the job is being aborted: from then on mpirun gets
+/// [`ABORT_GRACE`] to end before `ppl launch` ends it.
+const ABORT_MARKERS: [&str; 4] = [
+    "aborting the MPI job",
+    "MPI_ABORT was invoked",
+    "lost communication with a remote daemon",
+    "abort is already in progress",
+];
+
+/// How long mpirun may take to end an aborted job. Open MPI 4 waits for every daemon to
+/// confirm that its ranks are gone, and a daemon on a host that cannot be reached never does.
+const ABORT_GRACE: Duration = Duration::from_secs(15);
+
+/// Runs mpirun, passing its output through, and ends it if it outlives an abort by
+/// [`ABORT_GRACE`]: SIGINT twice (mpirun's own "forcibly terminate"), then SIGKILL.
+fn supervise(mut child: Child) -> anyhow::Result<ExitStatus> {
+    let aborted_at: Arc<Mutex<Option<Instant>>> = Arc::default();
+    let mut pumps = Vec::new();
+    if let Some(err) = child.stderr.take() {
+        pumps.push(pump(err, std::io::stderr(), aborted_at.clone()));
+    }
+    if let Some(out) = child.stdout.take() {
+        pumps.push(pump(out, std::io::stdout(), aborted_at.clone()));
+    }
+    let mut signals_sent = 0;
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break status;
+        }
+        let since = *aborted_at.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(t) = since {
+            let late = t.elapsed().saturating_sub(ABORT_GRACE);
+            let due = match signals_sent {
+                0 => late > Duration::ZERO,
+                1 => late > Duration::from_secs(2),
+                _ => late > Duration::from_secs(8),
+            };
+            if due {
+                if signals_sent == 0 {
+                    eprintln!(
+                        "[ppl launch] mpirun has not ended {} s after the job aborted (a host may be unreachable): stopping it",
+                        ABORT_GRACE.as_secs()
+                    );
+                }
+                let signal = if signals_sent < 2 {
+                    libc::SIGINT
+                } else {
+                    libc::SIGKILL
+                };
+                // SAFETY: kill(2) on our own child's pid; no memory is involved.
+                unsafe { libc::kill(child.id() as libc::pid_t, signal) };
+                signals_sent += 1;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    // Daemons that were cut off may hold the pipes open: do not wait for them.
+    drop(pumps);
+    Ok(status)
+}
+
+/// Copies `from` to `to` line by line, noting when a line announces an abort.
+fn pump(
+    from: impl Read + Send + 'static,
+    mut to: impl Write + Send + 'static,
+    aborted_at: Arc<Mutex<Option<Instant>>>,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let mut reader = BufReader::new(from);
+        let mut line = Vec::new();
+        while matches!(reader.read_until(b'\n', &mut line), Ok(n) if n > 0) {
+            let text = String::from_utf8_lossy(&line);
+            if ABORT_MARKERS.iter().any(|m| text.contains(m)) {
+                aborted_at
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get_or_insert_with(Instant::now);
+            }
+            let _ = to.write_all(&line);
+            let _ = to.flush();
+            line.clear();
+        }
+    })
 }
 
 pub fn run(args: LaunchArgs) -> anyhow::Result<ExitCode> {
@@ -128,10 +243,13 @@ pub fn run(args: LaunchArgs) -> anyhow::Result<ExitCode> {
         );
     };
     eprintln!("[ppl launch] {shown}");
-    let status = Command::new(mpirun)
+    let child = Command::new(mpirun)
         .args(&argv)
-        .status()
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .with_context(|| format!("cannot start {}", args.mpirun))?;
+    let status = supervise(child)?;
     Ok(if status.success() {
         ExitCode::SUCCESS
     } else {

@@ -220,6 +220,54 @@ fn unframe(b: &[u8]) -> Option<Vec<Vec<u8>>> {
     Some(out)
 }
 
+/// What a rank adds to its last words when it aborts the job (e.g. the `--resume` command for
+/// the run directory), set once the run directory is known. Process-wide because an abort is
+/// the process's last act, reached from deep inside the communication layer.
+static ABORT_NOTE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// Sets the note every abort of this process prints (the first call wins), and prints it too
+/// when the process is terminated from outside (SIGTERM: a launcher ending the job after
+/// another host was lost, a batch system's time limit).
+pub fn set_abort_note(note: String) {
+    if ABORT_NOTE.set(note).is_ok() {
+        if let Some(note) = ABORT_NOTE.get() {
+            on_sigterm_say(&format!(
+                "error: terminated (SIGTERM) before the run finished; {note}\n"
+            ));
+        }
+    }
+}
+
+/// The message the SIGTERM handler writes, leaked once: a handler may only read it.
+static SIGTERM_MESSAGE: std::sync::OnceLock<&'static [u8]> = std::sync::OnceLock::new();
+
+/// Installs a SIGTERM handler that writes `message` to stderr and exits with 143 (128 + 15,
+/// what the default action reports).
+fn on_sigterm_say(message: &str) {
+    let leaked: &'static [u8] = Box::leak(message.as_bytes().to_vec().into_boxed_slice());
+    if SIGTERM_MESSAGE.set(leaked).is_err() {
+        return;
+    }
+    extern "C" fn handler(_: libc::c_int) {
+        if let Some(m) = SIGTERM_MESSAGE.get() {
+            // SAFETY: write(2) and _exit(2) are async-signal-safe; the buffer is 'static.
+            unsafe {
+                libc::write(2, m.as_ptr().cast(), m.len());
+                libc::_exit(143);
+            }
+        }
+    }
+    // SAFETY: installs a handler that only calls async-signal-safe functions.
+    unsafe {
+        libc::signal(libc::SIGTERM, handler as *const () as libc::sighandler_t);
+    }
+}
+
+/// The note set by [`set_abort_note`], if any.
+pub fn abort_note() -> Option<&'static str> {
+    ABORT_NOTE.get().map(String::as_str)
+}
+
 /// How long a rank waits for a message before declaring its peer lost
 /// (`PPL_COMM_TIMEOUT` seconds, default 600).
 pub fn comm_timeout() -> Duration {

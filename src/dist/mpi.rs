@@ -28,6 +28,8 @@ pub struct MpiComm {
     /// guards the sends in flight.
     lock: Mutex<Vec<InFlight>>,
     host: String,
+    /// Every rank's host, by rank: a timeout names the host it waited for.
+    hosts: Vec<String>,
 }
 
 /// An immediate send and the buffer it reads, freed once MPI reports it complete.
@@ -74,12 +76,22 @@ impl MpiComm {
             })?;
         let world = universe.world();
         let host = mpi::environment::processor_name().unwrap_or_else(|_| hostname());
+        let hosts = all_hosts(&world, &host);
         Ok(Self {
             _universe: universe,
             world,
             lock: Mutex::new(Vec::new()),
             host,
+            hosts,
         })
+    }
+
+    /// `rank (host)` for messages.
+    fn describe(&self, rank: usize) -> String {
+        match self.hosts.get(rank) {
+            Some(h) => format!("{rank} ({h})"),
+            None => rank.to_string(),
+        }
     }
 
     /// The MPI library's version string.
@@ -149,7 +161,7 @@ impl Communicator for MpiComm {
     }
 
     fn recv(&self, src: usize, tag: u32) -> Result<Vec<u8>, CommError> {
-        self.poll(&src.to_string(), || {
+        self.poll(&self.describe(src), || {
             let mut in_flight = self.lock.lock().unwrap_or_else(|e| e.into_inner());
             progress(&mut in_flight);
             let matched = self
@@ -169,13 +181,44 @@ impl Communicator for MpiComm {
     }
 
     fn abort(&self, reason: &str) {
+        let note = super::abort_note()
+            .map(|n| format!("\n{n}"))
+            .unwrap_or_default();
         eprintln!(
-            "error: rank {} ({}): {reason}; aborting the MPI job",
+            "error: rank {} ({}): {reason}; aborting the MPI job{note}",
             self.rank(),
             self.host
         );
+        // MPI_Abort asks the launcher to end the job; with a host unreachable that request may
+        // never be answered. This rank ends regardless, so nothing waits forever on it.
+        std::thread::spawn(|| {
+            std::thread::sleep(ABORT_GRACE);
+            // SAFETY: _exit ends the process at once; no Rust state is touched afterwards.
+            unsafe { libc::_exit(1) }
+        });
         self.world.abort(1);
     }
+}
+
+/// How long `abort` lets MPI_Abort end the process before ending it itself.
+const ABORT_GRACE: Duration = Duration::from_secs(10);
+
+/// Every rank's host name, by rank (one fixed-size all-gather at start-up).
+fn all_hosts(world: &SimpleCommunicator, host: &str) -> Vec<String> {
+    use mpi::collective::CommunicatorCollectives;
+    const NAME: usize = 256;
+    let mut mine = [0u8; NAME];
+    let bytes = host.as_bytes();
+    let n = bytes.len().min(NAME);
+    mine[..n].copy_from_slice(&bytes[..n]);
+    let mut all = vec![0u8; NAME * world.size() as usize];
+    world.all_gather_into(&mine[..], &mut all[..]);
+    all.chunks_exact(NAME)
+        .map(|c| {
+            let end = c.iter().position(|&b| b == 0).unwrap_or(NAME);
+            String::from_utf8_lossy(&c[..end]).into_owned()
+        })
+        .collect()
 }
 
 impl MpiComm {

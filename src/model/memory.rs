@@ -10,6 +10,7 @@
 //! every estimate landed within 6% of the measurement.
 
 use serde::{Deserialize, Serialize};
+use std::path::Path;
 
 use super::gguf::GgufFile;
 use super::{LlamaConfig, Partition, Precision};
@@ -174,31 +175,72 @@ pub fn available_bytes() -> Option<(u64, String)> {
     }) {
         consider(kb * 1024, "MemAvailable".into());
     }
-    let read = |p: &str| {
-        std::fs::read_to_string(p)
-            .ok()
-            .and_then(|s| s.trim().parse::<u64>().ok())
-    };
-    if let Some(limit) = read("/sys/fs/cgroup/memory.max") {
-        let used = read("/sys/fs/cgroup/memory.current").unwrap_or(0);
-        consider(
-            limit.saturating_sub(used),
-            "the cgroup limit (memory.max)".into(),
-        );
-    } else if let Some(limit) =
-        read("/sys/fs/cgroup/memory/memory.limit_in_bytes").filter(|&l| l < 1 << 60)
-    {
-        let used = read("/sys/fs/cgroup/memory/memory.usage_in_bytes").unwrap_or(0);
-        consider(
-            limit.saturating_sub(used),
-            "the cgroup limit (memory.limit_in_bytes)".into(),
-        );
+    if let Some((free, what)) = cgroup_headroom() {
+        consider(free, what);
     }
     if let Some(v) = std::env::var("PPL_MEMORY_LIMIT")
         .ok()
         .and_then(|s| parse_size(&s))
     {
         consider(v, "PPL_MEMORY_LIMIT".into());
+    }
+    best
+}
+
+/// The tightest memory cgroup limit over this process's cgroup and its ancestors, minus that
+/// cgroup's usage. The cgroup is the one `/proc/self/cgroup` names (a batch system or a
+/// container puts each job or host in its own, and without a cgroup namespace the top of
+/// `/sys/fs/cgroup` is the machine's, not this process's): v2 `memory.max`, or v1
+/// `memory.limit_in_bytes`.
+fn cgroup_headroom() -> Option<(u64, String)> {
+    let table = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    cgroup_headroom_in(&table, Path::new("/sys/fs/cgroup"))
+}
+
+/// [`cgroup_headroom`] from the contents of `/proc/self/cgroup` and the cgroup mount point.
+fn cgroup_headroom_in(table: &str, mount: &Path) -> Option<(u64, String)> {
+    let read = |p: &Path| {
+        std::fs::read_to_string(p)
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok())
+    };
+    // v1: "4:memory:/path" (the controller may share a line with others); v2: "0::/path".
+    let v1 = table.lines().find_map(|l| {
+        let mut f = l.splitn(3, ':');
+        let (_, controllers, path) = (f.next()?, f.next()?, f.next()?);
+        controllers
+            .split(',')
+            .any(|c| c == "memory")
+            .then(|| (mount.join("memory"), path))
+    });
+    let v2 = || {
+        table
+            .lines()
+            .find_map(|l| l.strip_prefix("0::"))
+            .map(|path| (mount.to_path_buf(), path))
+    };
+    let (root, path, limit_file, usage_file) = match v1 {
+        Some((root, path)) if root.join("memory.limit_in_bytes").exists() => {
+            (root, path, "memory.limit_in_bytes", "memory.usage_in_bytes")
+        }
+        _ => {
+            let (root, path) = v2()?;
+            (root, path, "memory.max", "memory.current")
+        }
+    };
+    let mut best: Option<(u64, String)> = None;
+    let mut dir = Some(Path::new(path.trim_start_matches('/')));
+    while let Some(d) = dir {
+        let here = root.join(d);
+        // "max" (v2) does not parse; v1 writes a huge number for "no limit".
+        if let Some(limit) = read(&here.join(limit_file)).filter(|&l| l < 1 << 60) {
+            let free = limit.saturating_sub(read(&here.join(usage_file)).unwrap_or(0));
+            if best.as_ref().is_none_or(|(b, _)| free < *b) {
+                let name = format!("/{}", d.display());
+                best = Some((free, format!("the cgroup limit ({limit_file} of {name})")));
+            }
+        }
+        dir = d.parent();
     }
     best
 }
@@ -226,6 +268,43 @@ pub fn mib(b: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_cgroup_is_this_processs_and_its_ancestors_limits_bind() {
+        let mount = tempfile::tempdir().unwrap();
+        let v1 = mount.path().join("memory");
+        let host = v1.join("jobs/host2");
+        std::fs::create_dir_all(&host).unwrap();
+        let write = |d: &Path, f: &str, v: &str| std::fs::write(d.join(f), v).unwrap();
+        // The machine: no limit. The job: 4 GiB, 1 GiB used. The host: 600 MiB, 100 MiB used.
+        write(&v1, "memory.limit_in_bytes", "9223372036854771712");
+        write(
+            &v1.join("jobs"),
+            "memory.limit_in_bytes",
+            &(4u64 << 30).to_string(),
+        );
+        write(
+            &v1.join("jobs"),
+            "memory.usage_in_bytes",
+            &(1u64 << 30).to_string(),
+        );
+        write(&host, "memory.limit_in_bytes", &(600u64 << 20).to_string());
+        write(&host, "memory.usage_in_bytes", &(100u64 << 20).to_string());
+        let table = "9:pids:/\n4:cpu,memory:/jobs/host2\n0::/\n";
+        let (free, what) = cgroup_headroom_in(table, mount.path()).unwrap();
+        assert_eq!(free, 500 << 20);
+        assert!(what.contains("/jobs/host2"), "{what}");
+        // v2 only: memory.max of the process's own cgroup; "max" is no limit.
+        let v2 = tempfile::tempdir().unwrap();
+        let own = v2.path().join("user/job");
+        std::fs::create_dir_all(&own).unwrap();
+        write(&v2.path().join("user"), "memory.max", "max");
+        write(&own, "memory.max", &(2u64 << 30).to_string());
+        write(&own, "memory.current", &(512u64 << 20).to_string());
+        let (free, _) = cgroup_headroom_in("0::/user/job\n", v2.path()).unwrap();
+        assert_eq!(free, (2u64 << 30) - (512 << 20));
+        assert!(cgroup_headroom_in("0::/\n", v2.path()).is_none());
+    }
 
     #[test]
     fn sizes_parse_with_suffixes() {

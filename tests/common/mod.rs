@@ -146,3 +146,24 @@ pub fn eval_model(model: &Path, args: &[&str]) -> Results {
         .success();
     serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap()
 }
+
+/// `ppl eval --resume DIR --output tmp.json` (the run's own saved configuration), parsed.
+pub fn eval_resume(run_dir: &Path) -> Results {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("r.json");
+    let o = ppl_cmd()
+        .arg("eval")
+        .arg("--resume")
+        .arg(run_dir)
+        .args(["--progress", "none", "--quiet", "--output"])
+        .arg(&out)
+        .assert();
+    let output = o.get_output();
+    assert!(
+        output.status.success(),
+        "ppl eval --resume {} failed:\n{}",
+        run_dir.display(),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap()
+}
