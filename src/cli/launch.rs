@@ -144,7 +144,7 @@ const ABORT_MARKERS: [&str; 4] = [
 const ABORT_GRACE: Duration = Duration::from_secs(15);
 
 /// Runs mpirun, passing its output through, and ends it if it outlives an abort by
-/// [`ABORT_GRACE`]: SIGINT twice (mpirun's own "forcibly terminate"), then SIGKILL.
+/// [`ABORT_GRACE`]: SIGINT, then SIGKILL 3 s later.
 fn supervise(mut child: Child) -> anyhow::Result<ExitStatus> {
     let aborted_at: Arc<Mutex<Option<Instant>>> = Arc::default();
     let mut pumps = Vec::new();
@@ -164,8 +164,8 @@ fn supervise(mut child: Child) -> anyhow::Result<ExitStatus> {
             let late = t.elapsed().saturating_sub(ABORT_GRACE);
             let due = match signals_sent {
                 0 => late > Duration::ZERO,
-                1 => late > Duration::from_secs(2),
-                _ => late > Duration::from_secs(8),
+                1 => late > Duration::from_secs(3),
+                _ => false,
             };
             if due {
                 if signals_sent == 0 {
@@ -174,7 +174,8 @@ fn supervise(mut child: Child) -> anyhow::Result<ExitStatus> {
                         ABORT_GRACE.as_secs()
                     );
                 }
-                let signal = if signals_sent < 2 {
+                // A second SIGINT makes Open MPI 4's mpirun crash in its own clean-up.
+                let signal = if signals_sent == 0 {
                     libc::SIGINT
                 } else {
                     libc::SIGKILL

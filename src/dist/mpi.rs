@@ -201,7 +201,7 @@ impl Communicator for MpiComm {
 }
 
 /// How long `abort` lets MPI_Abort end the process before ending it itself.
-const ABORT_GRACE: Duration = Duration::from_secs(10);
+const ABORT_GRACE: Duration = Duration::from_secs(5);
 
 /// Every rank's host name, by rank (one fixed-size all-gather at start-up).
 fn all_hosts(world: &SimpleCommunicator, host: &str) -> Vec<String> {
