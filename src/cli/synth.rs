@@ -123,13 +123,20 @@ impl SynthArgs {
             }
             return Ok(Shape::named(&self.shape)?);
         }
-        let need = |v: Option<usize>, flag: &str| {
-            v.with_context(|| {
-                format!("--shape custom needs {flag} (and --hidden, --layers, --heads, --ffn)")
-            })
+        let required = [
+            ("--hidden", self.hidden),
+            ("--layers", self.layers),
+            ("--heads", self.heads),
+            ("--ffn", self.ffn),
+        ];
+        let missing: Vec<&str> = required
+            .iter()
+            .filter(|(_, v)| v.is_none())
+            .map(|(flag, _)| *flag)
+            .collect();
+        let [Some(hidden), Some(layers), Some(heads), Some(ffn)] = required.map(|(_, v)| v) else {
+            bail!("--shape custom needs {}", missing.join(", "));
         };
-        let hidden = need(self.hidden, "--hidden")?;
-        let heads = need(self.heads, "--heads")?;
         if heads == 0 {
             bail!("--heads 0: a model needs at least one attention head");
         }
@@ -139,11 +146,11 @@ impl SynthArgs {
             name: "custom".into(),
             family,
             hidden,
-            layers: need(self.layers, "--layers")?,
+            layers,
             heads,
             kv_heads: self.kv_heads.unwrap_or(heads),
             head_dim: self.head_dim.unwrap_or(hidden / heads),
-            ffn: need(self.ffn, "--ffn")?,
+            ffn,
             vocab: 0,
             tied: !self.untied,
             qkv_bias: family == Family::Qwen2,

@@ -161,7 +161,7 @@ pub enum TensorKind {
     Matrix,
     /// An RMSNorm weight: 1.0 (F32).
     Norm,
-    /// A bias: random values (F32).
+    /// A bias: random values that BF16 holds exactly (stored F32).
     Bias,
 }
 
@@ -463,7 +463,13 @@ impl RowValues {
                 if left == 0 {
                     break;
                 }
-                out.push(bits as f32 * scale - a);
+                let v = bits as f32 * scale - a;
+                // Biases are F32 in GGUF and BF16 in a checkpoint: values BF16 can hold make
+                // both forms the same model.
+                out.push(match self.kind {
+                    TensorKind::Bias => half::bf16::from_f32(v).to_f32(),
+                    _ => v,
+                });
                 left -= 1;
             }
         }
