@@ -29,8 +29,16 @@ const TINY: [&str; 12] = [
 
 /// Runs `ppl synth TINY <extra> -o out` and returns `out`.
 fn synth(extra: &[&str], out: &Path) -> PathBuf {
-    ppl_cmd()
-        .arg("synth")
+    synth_with_threads(extra, out, None)
+}
+
+/// [`synth`] with rayon's thread count pinned.
+fn synth_with_threads(extra: &[&str], out: &Path, threads: Option<usize>) -> PathBuf {
+    let mut cmd = ppl_cmd();
+    if let Some(n) = threads {
+        cmd.env("RAYON_NUM_THREADS", n.to_string());
+    }
+    cmd.arg("synth")
         .args(TINY)
         .arg("--tokenizer-from")
         .arg(common::model())
@@ -119,7 +127,12 @@ fn the_same_seed_writes_the_same_bytes() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let a = synth(&["--type", "q4_k_m", "--seed", "5"], &d.join("a.gguf"));
-    let b = synth(&["--type", "q4_k_m", "--seed", "5"], &d.join("b.gguf"));
+    // One thread or all: the same bytes.
+    let b = synth_with_threads(
+        &["--type", "q4_k_m", "--seed", "5"],
+        &d.join("b.gguf"),
+        Some(1),
+    );
     let c = synth(&["--type", "q4_k_m", "--seed", "6"], &d.join("c.gguf"));
     let sha = |p: &Path| ppl::fingerprint::sha256_bytes(&std::fs::read(p).unwrap());
     assert_eq!(sha(&a), sha(&b));
@@ -130,8 +143,9 @@ fn the_same_seed_writes_the_same_bytes() {
 fn the_safetensors_form_is_the_bf16_gguf_model() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    // Llama (Q/K rows in Hugging Face's rotary order) and Qwen2 (biases).
-    for family in ["llama", "qwen2"] {
+    // Llama (Q/K rows in Hugging Face's rotary order), Qwen2 (biases), Gemma 3 (norms stored
+    // as weight − 1).
+    for family in ["llama", "qwen2", "gemma3"] {
         let gguf = synth(
             &["--family", family, "--type", "bf16"],
             &d.join(format!("{family}.gguf")),
