@@ -599,6 +599,44 @@ mod tests {
     }
 
     #[test]
+    fn the_vocabulary_and_tokenizer_keys_come_from_the_tokenizer_file() {
+        use crate::model::gguf::tests::build_gguf;
+        use std::io::Write;
+        let open = |kv: &[(&str, Value)]| {
+            let mut f = tempfile::NamedTempFile::new().unwrap();
+            f.write_all(&build_gguf(kv, &[("w", vec![2], vec![0.0, 1.0])]))
+                .unwrap();
+            (GgufFile::open(f.path()).unwrap(), f)
+        };
+        let tokens = Value::Array((0..96).map(|i| Value::String(format!("t{i}"))).collect());
+        let (g, _f) = open(&[
+            ("general.architecture", Value::String("qwen2".into())),
+            ("tokenizer.ggml.model", Value::String("gpt2".into())),
+            ("tokenizer.ggml.tokens", tokens.clone()),
+        ]);
+        let s = Synth::new(tiny(), WeightType::Q8_0, 1, &g).unwrap();
+        assert_eq!(s.shape.vocab, 96);
+        let md = s.gguf_metadata();
+        let get = |k: &str| md.iter().find(|(key, _)| key == k).map(|(_, v)| v.clone());
+        assert_eq!(get("tokenizer.ggml.tokens"), Some(tokens));
+        assert_eq!(
+            get("general.architecture"),
+            Some(Value::String("llama".into()))
+        );
+        assert_eq!(get("llama.vocab_size"), Some(Value::U32(96)));
+        assert_eq!(get("general.file_type"), Some(Value::U32(7)));
+        let (bare, _f) = open(&[("general.architecture", Value::String("llama".into()))]);
+        let err = Synth::new(tiny(), WeightType::F32, 1, &bare)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            err.starts_with("--tokenizer-from") && err.contains("tokenizer.ggml.tokens"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn plan_has_the_architecture_tensors() {
         let mut s = tiny();
         assert_eq!(tensor_plan(&s).len(), 1 + 2 * 9 + 1);
