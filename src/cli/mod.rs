@@ -6,6 +6,7 @@ mod bench;
 pub mod config;
 pub mod inspect;
 mod launch;
+mod synth;
 mod validate;
 
 use std::path::PathBuf;
@@ -62,6 +63,10 @@ enum Command {
     FetchModel(FetchArgs),
     /// Measure tokens/s and peak RSS on the reference workload.
     Bench(bench::BenchArgs),
+    /// Write a random-weight model of a real model's shape (its PPL means nothing; speed and
+    /// memory are real).
+    #[command(long_about = synth::LONG_ABOUT)]
+    Synth(synth::SynthArgs),
     /// Start a multi-process run through mpirun (torchrun-style flags).
     Launch(launch::LaunchArgs),
     /// Render results.json files: an HTML report, or a summary/comparison (md, txt, json).
@@ -972,6 +977,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Bench(args) => bench::run(args),
+        Command::Synth(args) => synth::run(args),
         Command::Inspect(args) => inspect::run_inspect(args),
         Command::Models(args) => inspect::run_models(args),
         Command::Launch(args) => launch::run(args),

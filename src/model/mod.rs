@@ -21,6 +21,7 @@ pub mod llama;
 pub mod memory;
 pub mod quantize;
 pub mod shard;
+pub mod synth;
 
 pub use device::{DeviceError, DeviceSpec};
 pub use gguf::{GgufError, GgufFile};
