@@ -23,10 +23,14 @@ pub struct LaunchArgs {
     /// An MPI hostfile.
     #[arg(long)]
     hostfile: Option<PathBuf>,
+    /// What starts the ranks: `mpirun` (Open MPI or MPICH) or Slurm's `srun` (inside an
+    /// allocation, or with --hosts naming Slurm nodes).
+    #[arg(long, value_enum, default_value_t = Launcher::Mpirun)]
+    launcher: Launcher,
     /// The mpirun executable.
     #[arg(long, default_value = "mpirun")]
     mpirun: String,
-    /// Extra arguments for mpirun (repeatable), e.g. --mpirun-arg=--oversubscribe.
+    /// Extra arguments for the launcher (repeatable), e.g. --mpirun-arg=--oversubscribe.
     #[arg(long = "mpirun-arg", allow_hyphen_values = true)]
     mpirun_args: Vec<String>,
     /// Print the command instead of running it.
@@ -35,6 +39,41 @@ pub struct LaunchArgs {
     /// The ppl command to run on every rank (after `--`), e.g. `eval --model … --data …`.
     #[arg(last = true, required = true)]
     command: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Launcher {
+    Mpirun,
+    Srun,
+}
+
+/// The srun argument list (without the program name): `--ntasks-per-node`, the nodes when
+/// named, and `--kill-on-bad-exit` so that one failed rank ends the job. Slurm passes the whole
+/// environment to the ranks and has its own timeouts for lost nodes.
+pub fn srun_args(args: &LaunchArgs, exe: &Path) -> anyhow::Result<Vec<String>> {
+    if args.nproc_per_node == 0 {
+        bail!("--nproc-per-node must be at least 1");
+    }
+    if args.hostfile.is_some() {
+        bail!("--hostfile is for mpirun; with --launcher srun name the nodes with --hosts, or run inside an allocation (salloc/sbatch)");
+    }
+    let mut out = vec![
+        format!("--ntasks-per-node={}", args.nproc_per_node),
+        "--kill-on-bad-exit=1".to_string(),
+    ];
+    if let Some(hosts) = &args.hosts {
+        let hosts: Vec<&str> = hosts
+            .split(',')
+            .map(str::trim)
+            .filter(|h| !h.is_empty())
+            .collect();
+        out.push(format!("--nodes={}", hosts.len().max(1)));
+        out.push(format!("--nodelist={}", hosts.join(",")));
+    }
+    out.extend(args.mpirun_args.iter().cloned());
+    out.push(exe.display().to_string());
+    out.extend(args.command.iter().cloned());
+    Ok(out)
 }
 
 /// Finds an executable on PATH (or checks an explicit path).
@@ -219,6 +258,9 @@ fn pump(
 pub fn run(args: LaunchArgs) -> anyhow::Result<ExitCode> {
     let exe = std::env::current_exe().context("cannot locate the ppl executable")?;
     let mpirun = which(&args.mpirun);
+    if args.launcher == Launcher::Srun {
+        return start(&args, "srun", srun_args(&args, &exe)?);
+    }
     let open_mpi = match &mpirun {
         Some(m) => Command::new(m)
             .arg("--version")
@@ -228,7 +270,13 @@ pub fn run(args: LaunchArgs) -> anyhow::Result<ExitCode> {
         None => true,
     };
     let argv = mpirun_args(&args, &exe, open_mpi)?;
-    let shown = std::iter::once(args.mpirun.clone())
+    let program = args.mpirun.clone();
+    start(&args, &program, argv)
+}
+
+/// Prints and runs (or with --dry-run only prints) `program argv…`, supervised.
+fn start(args: &LaunchArgs, program: &str, argv: Vec<String>) -> anyhow::Result<ExitCode> {
+    let shown = std::iter::once(program.to_string())
         .chain(argv.iter().cloned())
         .collect::<Vec<_>>()
         .join(" ");
@@ -236,20 +284,19 @@ pub fn run(args: LaunchArgs) -> anyhow::Result<ExitCode> {
         println!("{shown}");
         return Ok(ExitCode::SUCCESS);
     }
-    let Some(mpirun) = mpirun else {
+    let Some(path) = which(program) else {
         bail!(
-            "'{}' was not found on PATH: install an MPI launcher (OpenMPI: apt-get install openmpi-bin; or MPICH), \
-             build ppl with --features mpi, or pass --mpirun /path/to/mpirun",
-            args.mpirun
+            "'{program}' was not found on PATH: install an MPI launcher (OpenMPI: apt-get install openmpi-bin; or MPICH; Slurm: slurm-client), \
+             build ppl with --features mpi, or pass --mpirun /path/to/mpirun"
         );
     };
     eprintln!("[ppl launch] {shown}");
-    let child = Command::new(mpirun)
+    let child = Command::new(path)
         .args(&argv)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .with_context(|| format!("cannot start {}", args.mpirun))?;
+        .with_context(|| format!("cannot start {program}"))?;
     let status = supervise(child)?;
     Ok(if status.success() {
         ExitCode::SUCCESS

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# A one-node Slurm on this machine (munge + slurmctld + slurmd), to try and test
+# `srun ppl eval …` and `ppl launch --launcher srun`. Debian's packages: slurmd slurmctld
+# slurm-client munge (`up` installs them with apt-get when missing). Needs root.
+#
+#   slurm-local.sh up      configure and start it (idempotent), wait until the node is idle
+#   slurm-local.sh down    stop the daemons
+set -euo pipefail
+
+conf=/etc/slurm/slurm.conf
+die() { echo "slurm-local.sh: $*" >&2; exit 1; }
+
+up() {
+  [ "$(id -u)" = 0 ] || die "needs root"
+  if ! command -v slurmctld >/dev/null || ! command -v slurmd >/dev/null || ! command -v munged >/dev/null || ! command -v srun >/dev/null; then
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends slurmd slurmctld slurm-client munge >/dev/null
+  fi
+  local host cpus
+  host=$(hostname)
+  cpus=$(nproc)
+  mkdir -p /etc/slurm /var/spool/slurmd /var/spool/slurmctld /var/log/slurm /run/munge
+  [ -s /etc/munge/munge.key ] || { mungekey --create 2>/dev/null || create-munge-key -f; }
+  chown -R munge:munge /etc/munge /run/munge 2>/dev/null || true
+  cat > "$conf" <<EOF
+# Written by ppl's scripts/slurm-local.sh: one node, this machine.
+ClusterName=ppl-local
+SlurmctldHost=$host
+SlurmUser=root
+AuthType=auth/munge
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+MpiDefault=pmix
+SlurmdSpoolDir=/var/spool/slurmd
+StateSaveLocation=/var/spool/slurmctld
+ReturnToService=2
+SlurmctldLogFile=/var/log/slurm/slurmctld.log
+SlurmdLogFile=/var/log/slurm/slurmd.log
+NodeName=$host CPUs=$cpus State=UNKNOWN
+PartitionName=local Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
+EOF
+  pgrep -x munged >/dev/null || munged --force
+  pgrep -x slurmctld >/dev/null || slurmctld
+  pgrep -x slurmd >/dev/null || slurmd
+  local i
+  for i in $(seq 1 60); do
+    if sinfo -h -o %t 2>/dev/null | grep -qE '^(idle|mix|alloc)'; then
+      echo "slurm: node $host up ($(sinfo -h -o '%P %t %c CPUs'))"
+      return 0
+    fi
+    sleep 0.5
+  done
+  die "the node did not come up within 30 s; see /var/log/slurm/slurmctld.log and slurmd.log"
+}
+
+down() {
+  pkill -x slurmd 2>/dev/null || true
+  pkill -x slurmctld 2>/dev/null || true
+}
+
+case "${1:-}" in
+  up) up;;
+  down) down;;
+  *) die "usage: slurm-local.sh up | down";;
+esac
