@@ -1,7 +1,11 @@
 //! Our own CPU kernels, only where a profile showed candle (or our previous kernel) to be the
-//! bottleneck. Each has an AVX2 path chosen at run time and a portable one that performs the
-//! same IEEE operations in the same order, so results are bit-identical with and without AVX2,
-//! for any thread count, batch size or grouping of rows.
+//! bottleneck. Each has an AVX2 path chosen at run time (the quantized ones also an AVX-512
+//! VNNI path) and a portable one that performs the same IEEE operations in the same order, so
+//! results are bit-identical at every instruction-set level, for any thread count, batch size
+//! or grouping of rows.
+//!
+//! The level ([`isa`]) is what CPUID advertises, confirmed by executing the instructions in a
+//! child process (some machines advertise AVX-512 that traps), capped by `PPL_ISA`.
 //!
 //! - [`q4_1`] (Q4_1 × Q8_1) and [`int8`] (Q5_0 and Q8_0 × Q8_0): llama.cpp's CPU arithmetic
 //!   for quantized weights, as micro-kernels over panels of 8 activation rows ([`panel`]
@@ -111,22 +115,89 @@ fn advertised() -> Isa {
     Isa::Portable
 }
 
-/// The level our kernels run at: what the CPU advertises, capped by `PPL_ISA`
-/// (`portable`, `avx2`, `avx512`), detected once per process.
-pub fn isa() -> Isa {
+impl Isa {
+    /// The next level down.
+    fn below(self) -> Isa {
+        match self {
+            Isa::Avx512 => Isa::Avx2,
+            _ => Isa::Portable,
+        }
+    }
+}
+
+/// How the kernels' level was chosen: what CPUID advertised, the `PPL_ISA` cap, and the
+/// level used, the highest at most both whose instructions were seen to execute.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IsaChoice {
+    pub advertised: Isa,
+    pub cap: Option<Isa>,
+    pub used: Isa,
+}
+
+impl IsaChoice {
+    /// Probes from `min(advertised, cap)` down and keeps the first level that `executes`
+    /// (Portable always does). Pure apart from `executes`, so the logic is testable without
+    /// the process-wide detection.
+    pub fn choose(advertised: Isa, cap: Option<Isa>, mut executes: impl FnMut(Isa) -> bool) -> Self {
+        let mut used = cap.map_or(advertised, |c| advertised.min(c));
+        while used > Isa::Portable && !executes(used) {
+            used = used.below();
+        }
+        IsaChoice {
+            advertised,
+            cap,
+            used,
+        }
+    }
+
+    /// Levels that were advertised and allowed by the cap but did not execute.
+    pub fn failed_to_execute(&self) -> bool {
+        self.used < self.cap.map_or(self.advertised, |c| self.advertised.min(c))
+    }
+
+    /// One line for `ppl validate` and results.json, e.g.
+    /// `avx512 (advertised: avx512, executes)`.
+    pub fn summary(&self) -> String {
+        let allowed = self.cap.map_or(self.advertised, |c| self.advertised.min(c));
+        let mut s = format!("{} (advertised: {}", self.used.name(), self.advertised.name());
+        if allowed < self.advertised {
+            s += &format!(", capped by PPL_ISA={}", allowed.name());
+        }
+        if self.failed_to_execute() {
+            s += &format!(", {} does not execute", allowed.name());
+        } else if self.used > Isa::Portable {
+            s += ", executes";
+        }
+        s + ")"
+    }
+}
+
+/// The process-wide choice: CPUID, confirmed by running the instructions in a child process
+/// (see [`probe`]), capped by `PPL_ISA` (`portable`, `avx2`, `avx512`); detected once.
+pub fn isa_choice() -> IsaChoice {
     use std::sync::OnceLock;
-    static ISA: OnceLock<Isa> = OnceLock::new();
-    *ISA.get_or_init(|| {
-        let found = advertised();
-        match std::env::var("PPL_ISA")
+    static CHOICE: OnceLock<IsaChoice> = OnceLock::new();
+    *CHOICE.get_or_init(|| {
+        let cap = std::env::var("PPL_ISA")
             .ok()
             .as_deref()
-            .and_then(Isa::parse)
-        {
-            Some(cap) => found.min(cap),
-            None => found,
+            .and_then(Isa::parse);
+        let choice = IsaChoice::choose(advertised(), cap, probe::executes);
+        if choice.failed_to_execute() {
+            tracing::warn!(
+                "CPUID advertises {} but its instructions do not execute here (the probe \
+                 process did not exit cleanly); kernels use {}",
+                choice.advertised.name(),
+                choice.used.name()
+            );
         }
+        choice
     })
+}
+
+/// The level our kernels run at (see [`isa_choice`]).
+pub fn isa() -> Isa {
+    isa_choice().used
 }
 
 /// AVX2 and FMA may be used (see [`isa`]).
@@ -148,4 +219,220 @@ pub(crate) unsafe fn hsum256(x: std::arch::x86_64::__m256) -> f32 {
     r = _mm_add_ps(r, _mm_movehl_ps(r, r));
     r = _mm_add_ss(r, _mm_movehdup_ps(r));
     _mm_cvtss_f32(r)
+}
+
+/// Helpers of the AVX-512 micro-kernels, which hold two panel rows per zmm register: row `2p`
+/// in lanes 0..8 and row `2p + 1` in lanes 8..16, so each row's eight lanes see exactly the
+/// operations of the AVX2 kernel.
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx512 {
+    use super::panel::PANEL;
+    use std::arch::x86_64::*;
+
+    /// Per register `p`: the permutation spreading row `2p`'s scalar (of eight) over lanes
+    /// 0..8 and row `2p + 1`'s over lanes 8..16.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    pub(crate) unsafe fn pair_spread() -> [__m512i; PANEL / 2] {
+        std::array::from_fn(|p| {
+            let (lo, hi) = (2 * p as i32, 2 * p as i32 + 1);
+            _mm512_setr_epi32(lo, lo, lo, lo, lo, lo, lo, lo, hi, hi, hi, hi, hi, hi, hi, hi)
+        })
+    }
+
+    /// Each row's eight lanes summed in ggml's `hsum_float_8` order (as [`super::hsum256`]).
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F, AVX2 and FMA.
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub(crate) unsafe fn hsum_pairs(acc: &[__m512; PANEL / 2]) -> [f32; PANEL] {
+        std::array::from_fn(|r| {
+            let v = acc[r / 2];
+            let row = if r % 2 == 0 {
+                _mm512_castps512_ps256(v)
+            } else {
+                _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)))
+            };
+            super::hsum256(row)
+        })
+    }
+}
+
+/// Confirms that an advertised instruction set executes: some machines advertise AVX-512 in
+/// CPUID that traps (SIGILL) when used, so a child process runs a few of the level's
+/// instructions first and only a clean exit counts.
+mod probe {
+    use super::Isa;
+
+    /// Whether `level`'s instructions ran in a child process that then exited cleanly.
+    #[cfg(all(target_arch = "x86_64", unix))]
+    pub(super) fn executes(level: Isa) -> bool {
+        // SAFETY (both closures): they run only in the probe's child, where an instruction
+        // the CPU cannot execute ends the child with SIGILL, the outcome being tested.
+        let child: fn() -> bool = match level {
+            Isa::Portable => || true,
+            Isa::Avx2 => || unsafe { x86::avx2_works() },
+            Isa::Avx512 => || unsafe { x86::avx2_works() && x86::avx512_works() },
+        };
+        if runs_cleanly(child, std::time::Duration::from_secs(2)) {
+            return true;
+        }
+        tracing::debug!("the {} probe did not exit cleanly", level.name());
+        false
+    }
+
+    /// Runs `child` in a forked process: true when it returned true and the process exited
+    /// with status 0 within `bound`; a signal (SIGILL), another status, a fork failure or a
+    /// child still running at `bound` (then killed) give false.
+    #[cfg(unix)]
+    pub(super) fn runs_cleanly(child: fn() -> bool, bound: std::time::Duration) -> bool {
+        use std::time::{Duration, Instant};
+        // SAFETY: the child only restores SIGILL's default action, runs `child` (register
+        // work: no allocation, no locks, so forking a multi-threaded process is sound) and
+        // leaves through `_exit`, skipping destructors, atexit handlers and buffered output.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            // SAFETY: in the child, as above.
+            unsafe {
+                libc::signal(libc::SIGILL, libc::SIG_DFL);
+                libc::_exit(if child() { 0 } else { 1 })
+            }
+        }
+        if pid < 0 {
+            tracing::warn!("could not fork the instruction-set probe");
+            return false;
+        }
+        let deadline = Instant::now() + bound;
+        let mut status = 0;
+        loop {
+            // SAFETY: `pid` is our child; `status` is a valid out-pointer.
+            let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+            if r == pid {
+                return libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
+            }
+            let interrupted = std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR);
+            if r < 0 && !interrupted {
+                return false;
+            }
+            if Instant::now() >= deadline {
+                // SAFETY: our own child, not yet reaped; the blocking wait reaps it.
+                unsafe {
+                    libc::kill(pid, libc::SIGKILL);
+                    libc::waitpid(pid, &mut status, 0);
+                }
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Without `fork`, CPUID is trusted.
+    #[cfg(not(all(target_arch = "x86_64", unix)))]
+    pub(super) fn executes(_level: Isa) -> bool {
+        true
+    }
+
+    #[cfg(all(target_arch = "x86_64", unix))]
+    mod x86 {
+        use std::arch::x86_64::*;
+        use std::hint::black_box;
+
+        /// An FMA, an F16C conversion and an AVX2 integer permute, checked.
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub(super) unsafe fn avx2_works() -> bool {
+            let x = _mm256_set1_ps(black_box(1.5));
+            let f = _mm256_fmadd_ps(x, x, x); // 3.75
+            let h = _mm256_cvtph_ps(_mm256_cvtps_ph::<0>(f));
+            let i = _mm256_permutevar8x32_epi32(_mm256_cvtps_epi32(h), _mm256_set1_epi32(3));
+            black_box(_mm256_extract_epi32::<0>(_mm256_add_epi32(i, i))) == 8
+        }
+
+        /// A zmm `vpdpbusd`, byte-wise (BW) and ymm (VL) operations and opmask logic, checked.
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+        pub(super) unsafe fn avx512_works() -> bool {
+            let u = _mm512_set1_epi8(black_box(3));
+            let s = _mm512_abs_epi8(_mm512_set1_epi8(black_box(-2)));
+            let dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, s); // 4·3·2 per lane
+            let all = _mm512_cmpeq_epi32_mask(dot, _mm512_set1_epi32(24));
+            let narrow = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm512_castsi512_si256(u), _mm512_castsi512_si256(s));
+            let low = _mm256_cmpeq_epi32_mask(narrow, _mm256_set1_epi32(24));
+            black_box(_kand_mask16(all, _mm512_int2mask(low as i32 | 0xFF00))) == 0xFFFF
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_level_is_the_highest_that_executes_under_the_cap() {
+        use Isa::*;
+        let all = |_: Isa| true;
+        assert_eq!(IsaChoice::choose(Avx512, None, all).used, Avx512);
+        assert_eq!(IsaChoice::choose(Avx512, Some(Avx2), all).used, Avx2);
+        assert_eq!(IsaChoice::choose(Avx512, Some(Portable), all).used, Portable);
+        assert_eq!(IsaChoice::choose(Avx2, Some(Avx512), all).used, Avx2);
+        // Advertised AVX-512 that traps: AVX2, said so.
+        let no512 = |l: Isa| l < Avx512;
+        let c = IsaChoice::choose(Avx512, None, no512);
+        assert_eq!(c.used, Avx2);
+        assert!(c.failed_to_execute());
+        assert_eq!(c.summary(), "avx2 (advertised: avx512, avx512 does not execute)");
+        // A cap below the failing level: nothing failed that was wanted.
+        let c = IsaChoice::choose(Avx512, Some(Avx2), no512);
+        assert_eq!((c.used, c.failed_to_execute()), (Avx2, false));
+        assert_eq!(c.summary(), "avx2 (advertised: avx512, capped by PPL_ISA=avx2, executes)");
+        // Nothing executes: portable; the portable level is never probed.
+        let c = IsaChoice::choose(Avx512, None, |l| {
+            assert!(l > Portable);
+            false
+        });
+        assert_eq!(c.used, Portable);
+        assert_eq!(
+            IsaChoice::choose(Avx512, None, all).summary(),
+            "avx512 (advertised: avx512, executes)"
+        );
+        assert_eq!(Isa::parse(" AVX512 "), Some(Avx512));
+        assert_eq!(Isa::parse("portable"), Some(Portable));
+        assert_eq!(Isa::parse("sse"), None);
+    }
+
+    #[test]
+    fn the_probe_confirms_at_most_what_is_advertised() {
+        let found = isa_choice();
+        assert!(found.used <= found.advertised);
+        assert_eq!(found.used, isa());
+        // The level chosen (and the ones below it) passes its probe again.
+        for level in [Isa::Avx2, Isa::Avx512] {
+            if level <= found.used {
+                assert!(probe::executes(level), "{level:?}");
+            }
+        }
+    }
+
+    #[cfg(all(target_arch = "x86_64", unix))]
+    #[test]
+    fn the_probe_rejects_a_trapping_failing_or_hanging_child() {
+        use std::time::Duration;
+        let bound = Duration::from_millis(300);
+        assert!(probe::runs_cleanly(|| true, bound));
+        assert!(!probe::runs_cleanly(|| false, bound));
+        // SAFETY: `ud2` raises SIGILL in the child, which is what is tested.
+        assert!(!probe::runs_cleanly(
+            || unsafe {
+                std::arch::asm!("ud2");
+                true
+            },
+            bound
+        ));
+        assert!(!probe::runs_cleanly(
+            || loop {
+                std::hint::spin_loop()
+            },
+            bound
+        ));
+    }
 }
