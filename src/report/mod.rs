@@ -253,6 +253,37 @@ pub struct SystemInfo {
     pub cpu_features: Vec<String>,
     pub peak_rss_bytes: Option<u64>,
     pub host: Option<String>,
+    /// The instruction-set level our kernels ran at and how it was chosen (absent in files
+    /// written before it was recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernels: Option<KernelIsa>,
+}
+
+/// The kernels' instruction-set level (`portable`, `avx2`, `avx512`): what CPUID advertised,
+/// the `PPL_ISA` cap, the level used (the highest at most both that executed in a probe).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct KernelIsa {
+    pub isa: String,
+    pub advertised: String,
+    pub cap: Option<String>,
+    /// False when an advertised, uncapped level trapped (or failed) in the probe.
+    pub executes: bool,
+    /// E.g. `avx512 (advertised: avx512, executes)`.
+    pub summary: String,
+}
+
+impl KernelIsa {
+    /// This process's choice.
+    pub fn detect() -> Self {
+        let c = crate::model::kernels::isa_choice();
+        KernelIsa {
+            isa: c.used.name().to_string(),
+            advertised: c.advertised.name().to_string(),
+            cap: c.cap.map(|l| l.name().to_string()),
+            executes: !c.failed_to_execute(),
+            summary: c.summary(),
+        }
+    }
 }
 
 impl Results {

@@ -440,6 +440,36 @@ mod tests {
         assert_eq!(&all[5 * n..], tail.as_slice());
     }
 
+    /// Throughput of a Llama-3.2-1B FFN matrix (Q8_0 `[8192, 2048]`, m = 512) on 1 and 2
+    /// threads at the process's level; compare levels with `PPL_ISA=avx2`:
+    /// `cargo test --release --lib int8::tests::q8_0_throughput -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn q8_0_throughput() {
+        let mut seed = 1;
+        let (m, n, k) = (512, 8192, 2048);
+        let w = Int8Matrix::from_q8_0(&random_q8_0(n, k, &mut seed), n, k).unwrap();
+        let x: Vec<f32> = (0..m * k).map(|_| lcg(&mut seed)).collect();
+        for threads in [1, 2] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            let best = (0..3)
+                .map(|_| {
+                    let t = std::time::Instant::now();
+                    std::hint::black_box(pool.install(|| w.matmul(&x, m)));
+                    t.elapsed().as_secs_f64()
+                })
+                .fold(f64::INFINITY, f64::min);
+            let gflops = 2.0 * (m * n * k) as f64 / best / 1e9;
+            println!(
+                "Q8_0 [{n}, {k}] m {m}, {} kernels, {threads} thread(s): {best:.3} s, {gflops:.1} GFLOP/s",
+                super::super::isa().name()
+            );
+        }
+    }
+
     #[test]
     fn decoding_covers_the_extremes() {
         // qh all ones, nibbles 0xF → +15; qh zero, nibbles 0 → −16.
