@@ -246,10 +246,7 @@ mod avx512 {
             let aw = _mm512_abs_epi8(qw);
             let w_negative = _mm512_movepi8_mask(qw);
             let da = _mm256_loadu_ps(ad.add(b * PANEL));
-            let d = _mm512_castps256_ps512(_mm256_mul_ps(
-                _mm256_set1_ps(*wd.get_unchecked(b)),
-                da,
-            ));
+            let d = _mm512_castps256_ps512(_mm256_mul_ps(_mm256_set1_ps(*wd.get_unchecked(b)), da));
             for (p, acc_p) in acc.iter_mut().enumerate() {
                 let qa = _mm512_loadu_si512(aq.add(b * PANEL + 2 * p) as *const __m512i);
                 // a with w's sign (where w is 0, |w| is 0 too).

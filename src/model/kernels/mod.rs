@@ -138,7 +138,11 @@ impl IsaChoice {
     /// Probes from `min(advertised, cap)` down and keeps the first level that `executes`
     /// (Portable always does). Pure apart from `executes`, so the logic is testable without
     /// the process-wide detection.
-    pub fn choose(advertised: Isa, cap: Option<Isa>, mut executes: impl FnMut(Isa) -> bool) -> Self {
+    pub fn choose(
+        advertised: Isa,
+        cap: Option<Isa>,
+        mut executes: impl FnMut(Isa) -> bool,
+    ) -> Self {
         let mut used = cap.map_or(advertised, |c| advertised.min(c));
         while used > Isa::Portable && !executes(used) {
             used = used.below();
@@ -159,7 +163,11 @@ impl IsaChoice {
     /// `avx512 (advertised: avx512, executes)`.
     pub fn summary(&self) -> String {
         let allowed = self.cap.map_or(self.advertised, |c| self.advertised.min(c));
-        let mut s = format!("{} (advertised: {}", self.used.name(), self.advertised.name());
+        let mut s = format!(
+            "{} (advertised: {}",
+            self.used.name(),
+            self.advertised.name()
+        );
         if allowed < self.advertised {
             s += &format!(", capped by PPL_ISA={}", allowed.name());
         }
@@ -238,7 +246,9 @@ pub(crate) mod avx512 {
     pub(crate) unsafe fn pair_spread() -> [__m512i; PANEL / 2] {
         std::array::from_fn(|p| {
             let (lo, hi) = (2 * p as i32, 2 * p as i32 + 1);
-            _mm512_setr_epi32(lo, lo, lo, lo, lo, lo, lo, lo, hi, hi, hi, hi, hi, hi, hi, hi)
+            _mm512_setr_epi32(
+                lo, lo, lo, lo, lo, lo, lo, lo, hi, hi, hi, hi, hi, hi, hi, hi,
+            )
         })
     }
 
@@ -356,7 +366,11 @@ mod probe {
             let s = _mm512_abs_epi8(_mm512_set1_epi8(black_box(-2)));
             let dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, s); // 4·3·2 per lane
             let all = _mm512_cmpeq_epi32_mask(dot, _mm512_set1_epi32(24));
-            let narrow = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm512_castsi512_si256(u), _mm512_castsi512_si256(s));
+            let narrow = _mm256_dpbusd_epi32(
+                _mm256_setzero_si256(),
+                _mm512_castsi512_si256(u),
+                _mm512_castsi512_si256(s),
+            );
             let low = _mm256_cmpeq_epi32_mask(narrow, _mm256_set1_epi32(24));
             black_box(_kand_mask16(all, _mm512_int2mask(low as i32 | 0xFF00))) == 0xFFFF
         }
@@ -373,18 +387,27 @@ mod tests {
         let all = |_: Isa| true;
         assert_eq!(IsaChoice::choose(Avx512, None, all).used, Avx512);
         assert_eq!(IsaChoice::choose(Avx512, Some(Avx2), all).used, Avx2);
-        assert_eq!(IsaChoice::choose(Avx512, Some(Portable), all).used, Portable);
+        assert_eq!(
+            IsaChoice::choose(Avx512, Some(Portable), all).used,
+            Portable
+        );
         assert_eq!(IsaChoice::choose(Avx2, Some(Avx512), all).used, Avx2);
         // Advertised AVX-512 that traps: AVX2, said so.
         let no512 = |l: Isa| l < Avx512;
         let c = IsaChoice::choose(Avx512, None, no512);
         assert_eq!(c.used, Avx2);
         assert!(c.failed_to_execute());
-        assert_eq!(c.summary(), "avx2 (advertised: avx512, avx512 does not execute)");
+        assert_eq!(
+            c.summary(),
+            "avx2 (advertised: avx512, avx512 does not execute)"
+        );
         // A cap below the failing level: nothing failed that was wanted.
         let c = IsaChoice::choose(Avx512, Some(Avx2), no512);
         assert_eq!((c.used, c.failed_to_execute()), (Avx2, false));
-        assert_eq!(c.summary(), "avx2 (advertised: avx512, capped by PPL_ISA=avx2, executes)");
+        assert_eq!(
+            c.summary(),
+            "avx2 (advertised: avx512, capped by PPL_ISA=avx2, executes)"
+        );
         // Nothing executes: portable; the portable level is never probed.
         let c = IsaChoice::choose(Avx512, None, |l| {
             assert!(l > Portable);

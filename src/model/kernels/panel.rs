@@ -102,11 +102,7 @@ fn quantize_block(x: &[f32], q: &mut [i8; BLOCK]) -> (f32, f32) {
 
 /// [`quantize_block`] at instruction-set level `isa`, lowered to what this process may use
 /// (every level gives the same bits; tests run each).
-pub(crate) fn quantize_block_with(
-    isa: super::Isa,
-    x: &[f32],
-    q: &mut [i8; BLOCK],
-) -> (f32, f32) {
+pub(crate) fn quantize_block_with(isa: super::Isa, x: &[f32], q: &mut [i8; BLOCK]) -> (f32, f32) {
     #[cfg(target_arch = "x86_64")]
     {
         match isa.min(super::isa()) {
