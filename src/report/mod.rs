@@ -16,7 +16,7 @@
 //! | `config` | the resolved configuration |
 //! | `model`, `data` | paths, SHA-256 fingerprints, sizes, architecture, tokenizer |
 //! | `timings` | seconds for load, tokenize, eval, total; tokens/s |
-//! | `system` | threads, CPU features, peak RSS bytes |
+//! | `system` | threads, CPU features, peak RSS bytes, `kernels` (instruction-set level used, advertised, cap) |
 //! | `world` | backend, size (ranks), schedule |
 //! | `ranks[]` | per rank: host, windows, tokens, compute/comm/idle seconds, tokens/s, peak RSS |
 //! | `hardest[]` | the 10 windows with the highest mean NLL: `index`, `mean_nll`, `excerpt` |
@@ -342,8 +342,14 @@ impl Results {
             .peak_rss_bytes
             .map(|b| format!(", peak RSS {:.0} MiB", b as f64 / (1024.0 * 1024.0)))
             .unwrap_or_default();
+        let isa = self
+            .system
+            .kernels
+            .as_ref()
+            .map(|k| format!(", {} kernels", k.isa))
+            .unwrap_or_default();
         s += &format!(
-            "throughput: {:.1} tokens/s through the model ({:.1} scored/s), eval {:.2} s, total {:.2} s, {} threads{rss}\n",
+            "throughput: {:.1} tokens/s through the model ({:.1} scored/s), eval {:.2} s, total {:.2} s, {} threads{rss}{isa}\n",
             self.timings.tokens_per_s,
             self.timings.scored_tokens_per_s,
             self.timings.eval_s,
