@@ -55,6 +55,19 @@ pub fn causal_attention(
     scale: f32,
     window: Option<usize>,
 ) -> Vec<f32> {
+    causal_attention_with(super::isa(), (q, k, v), shape, scale, window)
+}
+
+/// [`causal_attention`] at instruction-set level `isa`, lowered to what this process may use
+/// (every level gives the same bits; tests run each).
+fn causal_attention_with(
+    isa: super::Isa,
+    (q, k, v): (&[f32], &[f32], &[f32]),
+    shape: AttentionShape,
+    scale: f32,
+    window: Option<usize>,
+) -> Vec<f32> {
+    let isa = isa.min(super::isa());
     let AttentionShape {
         batch,
         heads,
@@ -93,6 +106,7 @@ pub fn causal_attention(
             cols,
             scale,
             window,
+            isa,
         };
         out.par_chunks_mut(QUERY_BLOCK * d)
             .enumerate()
@@ -119,6 +133,8 @@ struct Head<'a> {
     cols: usize,
     scale: f32,
     window: usize,
+    /// The level the kernels run at, at most [`super::isa`].
+    isa: super::Isa,
 }
 
 impl Head<'_> {
@@ -135,15 +151,29 @@ impl Head<'_> {
             let lo = (first + 1).saturating_sub(self.window) / (2 * KEY_LANES) * (2 * KEY_LANES);
             let hi = (last + 1).div_ceil(2 * KEY_LANES) * 2 * KEY_LANES;
             self.scores(first, live, lo..hi, &mut scores);
-            for r in 0..live {
-                let i = first + r;
-                let visible = (i + 1).saturating_sub(self.window)..i + 1;
-                let row = &mut scores[r * self.cols..][visible.clone()];
-                softmax(row, self.scale);
+            // Each live query's visible keys; the rest stay empty.
+            let mut rows: [&mut [f32]; QUERY_GROUP] = Default::default();
+            for (r, (slot, row)) in rows
+                .iter_mut()
+                .zip(scores.chunks_mut(self.cols))
+                .enumerate()
+            {
+                if r < live {
+                    *slot = &mut row[self.visible(first + r)];
+                }
+            }
+            softmax_rows(self.isa, &mut rows, self.scale);
+            for (r, row) in rows.iter().enumerate().take(live) {
+                let start = self.visible(first + r).start;
                 let o = &mut out[(g0 + r) * d..][..d];
-                weighted_values(row, &self.v[visible.start * d..], d, o);
+                weighted_values(self.isa, row, &self.v[start * d..], d, o);
             }
         }
+    }
+
+    /// The keys query `i` sees.
+    fn visible(&self, i: usize) -> std::ops::Range<usize> {
+        (i + 1).saturating_sub(self.window)..i + 1
     }
 
     /// Raw scores `q_i·k_j` of queries `first..first + live` for keys `keys` into
@@ -151,17 +181,23 @@ impl Head<'_> {
     fn scores(&self, first: usize, live: usize, keys: std::ops::Range<usize>, scores: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
         {
-            if super::avx2_available() {
-                // SAFETY: AVX2 and FMA are present (checked above); the ranges are in bounds
-                // (keys ⊆ 0..cols, queries < t) and checked inside.
-                unsafe { avx2::scores(self, first, live, keys, scores) };
-                return;
+            match self.isa.min(super::isa()) {
+                // SAFETY: AVX-512F, AVX2 and FMA were detected and seen to execute; the ranges
+                // are in bounds (keys ⊆ 0..cols, queries < t) and checked inside.
+                super::Isa::Avx512 => {
+                    return unsafe { avx512::scores(self, first, live, keys, scores) }
+                }
+                // SAFETY: as above, for AVX2 and FMA.
+                super::Isa::Avx2 => {
+                    return unsafe { avx2::scores(self, first, live, keys, scores) }
+                }
+                super::Isa::Portable => {}
             }
         }
         self.scores_portable(first, live, keys, scores)
     }
 
-    /// The same operations as the AVX2 version, one score at a time.
+    /// The same operations as the AVX2 and AVX-512 versions, one score at a time.
     fn scores_portable(
         &self,
         first: usize,
@@ -182,28 +218,62 @@ impl Head<'_> {
     }
 }
 
-/// In place: `s·scale`, minus the max, exponentiated, divided by their sum (in key order).
-fn softmax(row: &mut [f32], scale: f32) {
+/// In place, per row: `s·scale`, minus the row's max, exponentiated, divided by their sum
+/// in key order. The rows' sums are independent chains and run interleaved, so that their
+/// additions overlap (one sequential chain per row was a tenth of the attention time).
+fn softmax_rows(isa: super::Isa, rows: &mut [&mut [f32]; QUERY_GROUP], scale: f32) {
+    for row in rows.iter_mut() {
+        let max = scale_and_max(isa, row, scale);
+        for s in row.iter_mut() {
+            *s -= max;
+        }
+        super::math::exp_in_place_with(isa, row);
+    }
+    let shortest = rows.iter().map(|r| r.len()).min().unwrap_or(0);
+    let heads: [&[f32]; QUERY_GROUP] = std::array::from_fn(|r| &rows[r][..shortest]);
+    let mut sums = [0f32; QUERY_GROUP];
+    for j in 0..shortest {
+        for (sum, head) in sums.iter_mut().zip(&heads) {
+            *sum += head[j];
+        }
+    }
+    for (sum, row) in sums.iter_mut().zip(rows.iter()) {
+        for &e in &row[shortest..] {
+            *sum += e;
+        }
+    }
+    for (row, sum) in rows.iter_mut().zip(sums) {
+        for s in row.iter_mut() {
+            *s /= sum;
+        }
+    }
+}
+
+/// `s *= scale` in place; returns the largest `s` (−∞ for an empty row). The maximum of the
+/// non-NaN values does not depend on the order of comparison (a ±0 tie gives either zero,
+/// which subtracts to the same differences), so the SIMD version returns the same value.
+fn scale_and_max(isa: super::Isa, row: &mut [f32], scale: f32) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if isa.min(super::isa()) >= super::Isa::Avx2 {
+            // SAFETY: AVX2 was detected and seen to execute.
+            return unsafe { avx2::scale_and_max(row, scale) };
+        }
+    }
+    let _ = isa;
     let mut max = f32::NEG_INFINITY;
     for s in row.iter_mut() {
         *s *= scale;
         max = max.max(*s);
     }
-    for s in row.iter_mut() {
-        *s -= max;
-    }
-    super::math::exp_in_place(row);
-    let sum: f32 = row.iter().fold(0.0, |a, &e| a + e);
-    for s in row.iter_mut() {
-        *s /= sum;
-    }
+    max
 }
 
 /// `out[dd] = Σ_j p_j·v[j·d + dd]`, one fused multiply-add chain per element in key order.
-fn weighted_values(p: &[f32], v: &[f32], d: usize, out: &mut [f32]) {
+fn weighted_values(isa: super::Isa, p: &[f32], v: &[f32], d: usize, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     {
-        if super::avx2_available() && d.is_multiple_of(8) {
+        if isa.min(super::isa()) >= super::Isa::Avx2 && d.is_multiple_of(8) {
             // SAFETY: AVX2 and FMA are present; `v` holds `p.len()` rows of `d` (checked).
             unsafe { avx2::weighted_values(p, v, d, out) };
             return;
@@ -260,6 +330,28 @@ mod avx2 {
         }
     }
 
+    /// [`super::scale_and_max`]: eight running maxima, each ignoring NaN as `f32::max` does
+    /// (`maxps` returns its second operand when either is NaN).
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn scale_and_max(row: &mut [f32], scale: f32) -> f32 {
+        let sc = _mm256_set1_ps(scale);
+        let mut m = _mm256_set1_ps(f32::NEG_INFINITY);
+        let mut chunks = row.chunks_exact_mut(8);
+        for c in &mut chunks {
+            let x = _mm256_mul_ps(_mm256_loadu_ps(c.as_ptr()), sc);
+            _mm256_storeu_ps(c.as_mut_ptr(), x);
+            m = _mm256_max_ps(x, m);
+        }
+        let mut lanes = [0f32; 8];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), m);
+        let mut max = lanes.iter().fold(f32::NEG_INFINITY, |a, &l| a.max(l));
+        for s in chunks.into_remainder() {
+            *s *= scale;
+            max = max.max(*s);
+        }
+        max
+    }
+
     /// `out = Σ_j p_j·v_j`, 64 outputs at a time in registers: each element is its own FMA
     /// chain over `j` in order.
     #[target_feature(enable = "avx2,fma")]
@@ -278,6 +370,73 @@ mod avx2 {
             }
             for (l, a) in acc.iter().enumerate().take(lanes) {
                 _mm256_storeu_ps(out.as_mut_ptr().add(c0 + 8 * l), *a);
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::{Head, KEY_LANES, QUERY_GROUP};
+    use std::arch::x86_64::*;
+
+    /// The AVX2 `scores` on 16-key zmm vectors: each score is still its own FMA chain over
+    /// the head dimension in order. Two vectors (32 keys) per query while the range allows,
+    /// so eight independent chains hide the FMA latency as in the AVX2 version.
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub(super) unsafe fn scores(
+        h: &Head<'_>,
+        first: usize,
+        live: usize,
+        keys: std::ops::Range<usize>,
+        scores: &mut [f32],
+    ) {
+        let (d, cols) = (h.d, h.cols);
+        assert!(keys.end <= cols && keys.start.is_multiple_of(2 * KEY_LANES));
+        assert!((keys.end - keys.start).is_multiple_of(2 * KEY_LANES));
+        assert!(h.q.len() >= (first + live) * d && h.kt.len() >= d * cols);
+        assert!(live <= QUERY_GROUP && scores.len() >= QUERY_GROUP * cols);
+        // Rows past `live` repeat the last query (their scores are not used).
+        let qrow: [*const f32; QUERY_GROUP] =
+            std::array::from_fn(|r| h.q.as_ptr().add((first + r.min(live - 1)) * d));
+        let mut j = keys.start;
+        while j < keys.end {
+            // SAFETY: the asserts above bound every read and write.
+            if j + 4 * KEY_LANES <= keys.end {
+                key_block::<2>(h, &qrow, live, j, scores);
+                j += 4 * KEY_LANES;
+            } else {
+                key_block::<1>(h, &qrow, live, j, scores);
+                j += 2 * KEY_LANES;
+            }
+        }
+    }
+
+    /// Scores of the group for the `16·V` keys from `j`.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn key_block<const V: usize>(
+        h: &Head<'_>,
+        qrow: &[*const f32; QUERY_GROUP],
+        live: usize,
+        j: usize,
+        scores: &mut [f32],
+    ) {
+        let (d, cols, kt) = (h.d, h.cols, h.kt.as_ptr());
+        let mut acc = [[_mm512_setzero_ps(); V]; QUERY_GROUP];
+        for dd in 0..d {
+            let k: [__m512; V] =
+                std::array::from_fn(|v| _mm512_loadu_ps(kt.add(dd * cols + j + 16 * v)));
+            for (r, acc_r) in acc.iter_mut().enumerate() {
+                let qv = _mm512_set1_ps(*qrow[r].add(dd));
+                for (a, kv) in acc_r.iter_mut().zip(&k) {
+                    *a = _mm512_fmadd_ps(qv, *kv, *a);
+                }
+            }
+        }
+        for (r, acc_r) in acc.iter().enumerate().take(live) {
+            let out = scores.as_mut_ptr().add(r * cols + j);
+            for (v, a) in acc_r.iter().enumerate() {
+                _mm512_storeu_ps(out.add(16 * v), *a);
             }
         }
     }
@@ -425,11 +584,43 @@ mod tests {
         assert_eq!(&all[n..2 * n], second.as_slice());
     }
 
+    /// Time of one Llama-3.2-1B layer's attention (32 heads, 8 KV heads, d 64, t 512) at the
+    /// process's level; compare with `PPL_ISA=avx2`:
+    /// `cargo test --release --lib attention::tests::throughput -- --ignored --nocapture`.
     #[test]
-    fn portable_paths_give_the_same_bits() {
+    #[ignore]
+    fn throughput() {
+        let mut seed = 41;
+        let s = AttentionShape {
+            batch: 1,
+            heads: 32,
+            kv_heads: 8,
+            t: 512,
+            head_dim: 64,
+        };
+        let q: Vec<f32> = (0..s.q_len()).map(|_| lcg(&mut seed)).collect();
+        let k: Vec<f32> = (0..s.kv_len()).map(|_| lcg(&mut seed)).collect();
+        let v: Vec<f32> = (0..s.kv_len()).map(|_| lcg(&mut seed)).collect();
+        let best = (0..5)
+            .map(|_| {
+                let t = std::time::Instant::now();
+                std::hint::black_box(causal_attention(&q, &k, &v, s, 0.125, None));
+                t.elapsed().as_secs_f64()
+            })
+            .fold(f64::INFINITY, f64::min);
+        println!(
+            "attention {s:?}, {} kernels: {:.2} ms",
+            super::super::isa().name(),
+            best * 1e3
+        );
+    }
+
+    #[test]
+    fn every_isa_level_gives_the_same_bits() {
+        use super::super::panel::tests::available_isas;
         let mut seed = 37;
-        let (t, d) = (21, 12);
-        let cols = 32;
+        let (t, d) = (41, 12);
+        let cols = 48;
         let q: Vec<f32> = (0..t * d).map(|_| lcg(&mut seed)).collect();
         let mut kt = vec![0f32; d * cols];
         for (j, x) in kt.iter_mut().enumerate() {
@@ -437,34 +628,74 @@ mod tests {
                 *x = lcg(&mut seed);
             }
         }
-        let head = Head {
-            q: &q,
-            kt: &kt,
-            v: &[],
-            d,
-            cols,
-            scale: 1.0,
-            window: usize::MAX,
-        };
         let (mut s1, mut s2) = (
             vec![0f32; QUERY_GROUP * cols],
             vec![0f32; QUERY_GROUP * cols],
         );
-        for (first, live) in [(0, 4), (17, 4), (18, 3), (20, 1)] {
-            head.scores(first, live, 0..cols, &mut s1);
-            head.scores_portable(first, live, 0..cols, &mut s2);
-            assert_eq!(s1, s2);
+        for isa in available_isas() {
+            let head = Head {
+                q: &q,
+                kt: &kt,
+                v: &[],
+                d,
+                cols,
+                scale: 1.0,
+                window: usize::MAX,
+                isa,
+            };
+            for (first, live) in [(0, 4), (17, 4), (18, 3), (37, 4), (40, 1)] {
+                for keys in [0..cols, 16..cols, 0..16, 32..48] {
+                    s1.fill(0.0);
+                    s2.fill(0.0);
+                    head.scores(first, live, keys.clone(), &mut s1);
+                    head.scores_portable(first, live, keys, &mut s2);
+                    assert_eq!(s1, s2, "{isa:?}");
+                }
+            }
         }
         let d = 16;
         let p: Vec<f32> = (0..23).map(|_| lcg(&mut seed).abs()).collect();
         let v: Vec<f32> = (0..23 * d).map(|_| lcg(&mut seed)).collect();
-        let (mut a, mut b) = (vec![0f32; d], vec![0f32; d]);
-        weighted_values(&p, &v, d, &mut a);
+        let mut b = vec![0f32; d];
         for (j, &pj) in p.iter().enumerate() {
             for dd in 0..d {
                 b[dd] = pj.mul_add(v[j * d + dd], b[dd]);
             }
         }
-        assert_eq!(a, b);
+        for isa in available_isas() {
+            let mut a = vec![0f32; d];
+            weighted_values(isa, &p, &v, d, &mut a);
+            assert_eq!(a, b, "{isa:?}");
+        }
+        // Whole calls: head sizes with and without a multiple of 8 or 16, windows, GQA, rows
+        // of every length in a query group, and rows past a query block.
+        for (shape, window) in [
+            ((2, 4, 2, 70, 64), None),
+            ((1, 3, 1, 37, 72), Some(9)),
+            ((1, 2, 2, 45, 12), Some(1)),
+            ((1, 2, 1, 130, 24), None),
+        ] {
+            let (batch, heads, kv_heads, t, head_dim) = shape;
+            let s = AttentionShape {
+                batch,
+                heads,
+                kv_heads,
+                t,
+                head_dim,
+            };
+            let q: Vec<f32> = (0..s.q_len()).map(|_| lcg(&mut seed) * 3.0).collect();
+            let k: Vec<f32> = (0..s.kv_len()).map(|_| lcg(&mut seed) * 3.0).collect();
+            let v: Vec<f32> = (0..s.kv_len()).map(|_| lcg(&mut seed)).collect();
+            let bits = |isa| -> Vec<u32> {
+                causal_attention_with(isa, (&q, &k, &v), s, 0.3, window)
+                    .iter()
+                    .map(|x| x.to_bits())
+                    .collect()
+            };
+            let want = bits(super::super::Isa::Portable);
+            for isa in available_isas() {
+                assert!(bits(isa) == want, "{isa:?} {s:?}");
+            }
+        }
     }
 }
