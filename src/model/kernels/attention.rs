@@ -11,7 +11,9 @@
 //! queries are grouped: a score is one fused multiply-add chain over the head dimension in
 //! index order, times the scale; the softmax subtracts the row's max, sums the exponentials
 //! in key order and divides; an output element is one fused multiply-add chain over the keys
-//! in order. The portable fallback performs the same operations and gives the same bits.
+//! in order. The AVX2 and AVX-512 paths (the latter also runs the weighted sums of a group of
+//! four queries together: independent chains, so they overlap) and the portable fallback
+//! perform the same operations per element and give the same bits.
 
 use rayon::prelude::*;
 
@@ -163,9 +165,20 @@ impl Head<'_> {
                 }
             }
             softmax_rows(self.isa, &mut rows, self.scale);
-            for (r, row) in rows.iter().enumerate().take(live) {
+            let outs = &mut out[g0 * d..(g0 + live) * d];
+            #[cfg(target_arch = "x86_64")]
+            {
+                if self.isa.min(super::isa()) >= super::Isa::Avx512 && d.is_multiple_of(16) {
+                    let probs: [&[f32]; QUERY_GROUP] = std::array::from_fn(|r| &*rows[r]);
+                    let start = std::array::from_fn(|r| self.visible(first + r).start);
+                    // SAFETY: AVX-512F was detected and seen to execute; the group's keys
+                    // are rows of `v` (checked inside).
+                    unsafe { avx512::weighted_values_group(probs, start, self.v, d, outs) };
+                    continue;
+                }
+            }
+            for (r, (row, o)) in rows.iter().zip(outs.chunks_exact_mut(d)).enumerate() {
                 let start = self.visible(first + r).start;
-                let o = &mut out[(g0 + r) * d..][..d];
                 weighted_values(self.isa, row, &self.v[start * d..], d, o);
             }
         }
@@ -376,71 +389,7 @@ mod avx2 {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx512 {
-    use super::{Head, KEY_LANES, QUERY_GROUP};
-    use std::arch::x86_64::*;
-
-    /// The AVX2 `scores` on 16-key zmm vectors: each score is still its own FMA chain over
-    /// the head dimension in order. Two vectors (32 keys) per query while the range allows,
-    /// so eight independent chains hide the FMA latency as in the AVX2 version.
-    #[target_feature(enable = "avx512f,avx2,fma")]
-    pub(super) unsafe fn scores(
-        h: &Head<'_>,
-        first: usize,
-        live: usize,
-        keys: std::ops::Range<usize>,
-        scores: &mut [f32],
-    ) {
-        let (d, cols) = (h.d, h.cols);
-        assert!(keys.end <= cols && keys.start.is_multiple_of(2 * KEY_LANES));
-        assert!((keys.end - keys.start).is_multiple_of(2 * KEY_LANES));
-        assert!(h.q.len() >= (first + live) * d && h.kt.len() >= d * cols);
-        assert!(live <= QUERY_GROUP && scores.len() >= QUERY_GROUP * cols);
-        // Rows past `live` repeat the last query (their scores are not used).
-        let qrow: [*const f32; QUERY_GROUP] =
-            std::array::from_fn(|r| h.q.as_ptr().add((first + r.min(live - 1)) * d));
-        let mut j = keys.start;
-        while j < keys.end {
-            // SAFETY: the asserts above bound every read and write.
-            if j + 4 * KEY_LANES <= keys.end {
-                key_block::<2>(h, &qrow, live, j, scores);
-                j += 4 * KEY_LANES;
-            } else {
-                key_block::<1>(h, &qrow, live, j, scores);
-                j += 2 * KEY_LANES;
-            }
-        }
-    }
-
-    /// Scores of the group for the `16·V` keys from `j`.
-    #[target_feature(enable = "avx512f")]
-    unsafe fn key_block<const V: usize>(
-        h: &Head<'_>,
-        qrow: &[*const f32; QUERY_GROUP],
-        live: usize,
-        j: usize,
-        scores: &mut [f32],
-    ) {
-        let (d, cols, kt) = (h.d, h.cols, h.kt.as_ptr());
-        let mut acc = [[_mm512_setzero_ps(); V]; QUERY_GROUP];
-        for dd in 0..d {
-            let k: [__m512; V] =
-                std::array::from_fn(|v| _mm512_loadu_ps(kt.add(dd * cols + j + 16 * v)));
-            for (r, acc_r) in acc.iter_mut().enumerate() {
-                let qv = _mm512_set1_ps(*qrow[r].add(dd));
-                for (a, kv) in acc_r.iter_mut().zip(&k) {
-                    *a = _mm512_fmadd_ps(qv, *kv, *a);
-                }
-            }
-        }
-        for (r, acc_r) in acc.iter().enumerate().take(live) {
-            let out = scores.as_mut_ptr().add(r * cols + j);
-            for (v, a) in acc_r.iter().enumerate() {
-                _mm512_storeu_ps(out.add(16 * v), *a);
-            }
-        }
-    }
-}
+mod avx512;
 
 #[cfg(test)]
 mod tests {
@@ -674,6 +623,8 @@ mod tests {
             ((1, 3, 1, 37, 72), Some(9)),
             ((1, 2, 2, 45, 12), Some(1)),
             ((1, 2, 1, 130, 24), None),
+            ((1, 2, 1, 50, 32), Some(5)),
+            ((1, 1, 1, 35, 48), Some(33)),
         ] {
             let (batch, heads, kv_heads, t, head_dim) = shape;
             let s = AttentionShape {
