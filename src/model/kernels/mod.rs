@@ -278,7 +278,9 @@ pub(crate) mod avx512 {
 mod probe {
     use super::Isa;
 
-    /// Whether `level`'s instructions ran in a child process that then exited cleanly.
+    /// Whether `level`'s instructions ran in a child process that then exited cleanly. When
+    /// no verdict could be had (no fork, no exit status), CPUID is trusted for AVX2 (which no
+    /// machine is known to advertise without executing) but not for AVX-512.
     #[cfg(all(target_arch = "x86_64", unix))]
     pub(super) fn executes(level: Isa) -> bool {
         // SAFETY (both closures): they run only in the probe's child, where an instruction
@@ -288,19 +290,86 @@ mod probe {
             Isa::Avx2 => || unsafe { x86::avx2_works() },
             Isa::Avx512 => || unsafe { x86::avx2_works() && x86::avx512_works() },
         };
-        if runs_cleanly(child, std::time::Duration::from_secs(2)) {
-            return true;
+        match run_child(child, std::time::Duration::from_secs(2)) {
+            Verdict::Clean => true,
+            Verdict::Failed => {
+                tracing::debug!("the {} probe did not exit cleanly", level.name());
+                false
+            }
+            Verdict::Unknown(why) => {
+                let trusted = level <= Isa::Avx2;
+                tracing::warn!(
+                    "could not confirm that {} executes ({why}); {}",
+                    level.name(),
+                    if trusted {
+                        "trusting CPUID"
+                    } else {
+                        "not using it"
+                    }
+                );
+                trusted
+            }
         }
-        tracing::debug!("the {} probe did not exit cleanly", level.name());
-        false
     }
 
-    /// Runs `child` in a forked process: true when it returned true and the process exited
-    /// with status 0 within `bound`; a signal (SIGILL), another status, a fork failure or a
-    /// child still running at `bound` (then killed) give false.
-    #[cfg(unix)]
-    pub(super) fn runs_cleanly(child: fn() -> bool, bound: std::time::Duration) -> bool {
+    /// How a probe child ended.
+    #[cfg(all(target_arch = "x86_64", unix))]
+    #[derive(Debug, PartialEq, Eq)]
+    pub(super) enum Verdict {
+        /// Returned true and exited with status 0.
+        Clean,
+        /// Killed by a signal (SIGILL), returned false, or still running at the bound.
+        Failed,
+        /// No verdict: the fork or the wait failed.
+        Unknown(&'static str),
+    }
+
+    /// While alive, SIGCHLD is not ignored: an ignored SIGCHLD (or SA_NOCLDWAIT), which a
+    /// process can inherit from its parent, has the kernel reap children before their status
+    /// can be read. Anything else (the default, a handler) is left alone.
+    #[cfg(all(target_arch = "x86_64", unix))]
+    struct ReapableChildren(Option<libc::sigaction>);
+
+    #[cfg(all(target_arch = "x86_64", unix))]
+    impl ReapableChildren {
+        fn ensure() -> Self {
+            // SAFETY: sigaction reads into / from zero-initialised plain-data structs; the
+            // default action installs no handler.
+            unsafe {
+                let mut old: libc::sigaction = std::mem::zeroed();
+                if libc::sigaction(libc::SIGCHLD, std::ptr::null(), &mut old) != 0 {
+                    return ReapableChildren(None);
+                }
+                let ignored =
+                    old.sa_sigaction == libc::SIG_IGN || old.sa_flags & libc::SA_NOCLDWAIT != 0;
+                if !ignored {
+                    return ReapableChildren(None);
+                }
+                let mut default: libc::sigaction = std::mem::zeroed();
+                default.sa_sigaction = libc::SIG_DFL;
+                if libc::sigaction(libc::SIGCHLD, &default, std::ptr::null_mut()) != 0 {
+                    return ReapableChildren(None);
+                }
+                ReapableChildren(Some(old))
+            }
+        }
+    }
+
+    #[cfg(all(target_arch = "x86_64", unix))]
+    impl Drop for ReapableChildren {
+        fn drop(&mut self) {
+            if let Some(old) = &self.0 {
+                // SAFETY: restores the action read in `ensure`.
+                unsafe { libc::sigaction(libc::SIGCHLD, old, std::ptr::null_mut()) };
+            }
+        }
+    }
+
+    /// Runs `child` in a forked process and waits for it at most `bound` (then kills it).
+    #[cfg(all(target_arch = "x86_64", unix))]
+    pub(super) fn run_child(child: fn() -> bool, bound: std::time::Duration) -> Verdict {
         use std::time::{Duration, Instant};
+        let sigchld = ReapableChildren::ensure();
         // SAFETY: the child only restores SIGILL's default action, runs `child` (register
         // work: no allocation, no locks, so forking a multi-threaded process is sound) and
         // leaves through `_exit`, skipping destructors, atexit handlers and buffered output.
@@ -312,31 +381,41 @@ mod probe {
                 libc::_exit(if child() { 0 } else { 1 })
             }
         }
-        if pid < 0 {
-            tracing::warn!("could not fork the instruction-set probe");
-            return false;
-        }
-        let deadline = Instant::now() + bound;
-        let mut status = 0;
-        loop {
-            // SAFETY: `pid` is our child; `status` is a valid out-pointer.
-            let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
-            if r == pid {
-                return libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
-            }
-            let interrupted = std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR);
-            if r < 0 && !interrupted {
-                return false;
-            }
-            if Instant::now() >= deadline {
-                // SAFETY: our own child, not yet reaped; the blocking wait reaps it.
-                unsafe {
-                    libc::kill(pid, libc::SIGKILL);
-                    libc::waitpid(pid, &mut status, 0);
+        let verdict = if pid < 0 {
+            Verdict::Unknown("fork failed")
+        } else {
+            wait_child(pid, Instant::now() + bound)
+        };
+        drop(sigchld);
+        return verdict;
+
+        fn wait_child(pid: libc::pid_t, deadline: Instant) -> Verdict {
+            let mut status = 0;
+            loop {
+                // SAFETY: `pid` is our child; `status` is a valid out-pointer.
+                let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+                if r == pid {
+                    let clean = libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
+                    return if clean {
+                        Verdict::Clean
+                    } else {
+                        Verdict::Failed
+                    };
                 }
-                return false;
+                let errno = std::io::Error::last_os_error().raw_os_error();
+                if r < 0 && errno != Some(libc::EINTR) {
+                    return Verdict::Unknown("waitpid failed");
+                }
+                if Instant::now() >= deadline {
+                    // SAFETY: our own child, not yet reaped; the blocking wait reaps it.
+                    unsafe {
+                        libc::kill(pid, libc::SIGKILL);
+                        libc::waitpid(pid, &mut status, 0);
+                    }
+                    return Verdict::Failed;
+                }
+                std::thread::sleep(Duration::from_millis(1));
             }
-            std::thread::sleep(Duration::from_millis(1));
         }
     }
 
@@ -441,23 +520,20 @@ mod tests {
     #[cfg(all(target_arch = "x86_64", unix))]
     #[test]
     fn the_probe_rejects_a_trapping_failing_or_hanging_child() {
+        use probe::{run_child, Verdict};
         use std::time::Duration;
         let bound = Duration::from_millis(300);
-        assert!(probe::runs_cleanly(|| true, bound));
-        assert!(!probe::runs_cleanly(|| false, bound));
+        assert_eq!(run_child(|| true, bound), Verdict::Clean);
+        assert_eq!(run_child(|| false, bound), Verdict::Failed);
         // SAFETY: `ud2` raises SIGILL in the child, which is what is tested.
-        assert!(!probe::runs_cleanly(
-            || unsafe {
-                std::arch::asm!("ud2");
-                true
-            },
-            bound
-        ));
-        assert!(!probe::runs_cleanly(
-            || loop {
-                std::hint::spin_loop()
-            },
-            bound
-        ));
+        let trap = || unsafe {
+            std::arch::asm!("ud2");
+            true
+        };
+        assert_eq!(run_child(trap, bound), Verdict::Failed);
+        let hang = || loop {
+            std::hint::spin_loop()
+        };
+        assert_eq!(run_child(hang, bound), Verdict::Failed);
     }
 }
