@@ -129,8 +129,11 @@ impl Isa {
 /// level used, the highest at most both whose instructions were seen to execute.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct IsaChoice {
+    /// What CPUID advertises.
     pub advertised: Isa,
+    /// `PPL_ISA`, when set to a level's name.
     pub cap: Option<Isa>,
+    /// The level the kernels run at.
     pub used: Isa,
 }
 
@@ -143,26 +146,32 @@ impl IsaChoice {
         cap: Option<Isa>,
         mut executes: impl FnMut(Isa) -> bool,
     ) -> Self {
-        let mut used = cap.map_or(advertised, |c| advertised.min(c));
-        while used > Isa::Portable && !executes(used) {
-            used = used.below();
-        }
-        IsaChoice {
+        let mut choice = IsaChoice {
             advertised,
             cap,
-            used,
+            used: Isa::Portable,
+        };
+        choice.used = choice.allowed();
+        while choice.used > Isa::Portable && !executes(choice.used) {
+            choice.used = choice.used.below();
         }
+        choice
     }
 
-    /// Levels that were advertised and allowed by the cap but did not execute.
+    /// The level advertised and allowed by the cap, before the probe.
+    pub fn allowed(&self) -> Isa {
+        self.cap.map_or(self.advertised, |c| self.advertised.min(c))
+    }
+
+    /// Whether the allowed level (or more) failed to execute, so a lower one is used.
     pub fn failed_to_execute(&self) -> bool {
-        self.used < self.cap.map_or(self.advertised, |c| self.advertised.min(c))
+        self.used < self.allowed()
     }
 
     /// One line for `ppl validate` and results.json, e.g.
     /// `avx512 (advertised: avx512, executes)`.
     pub fn summary(&self) -> String {
-        let allowed = self.cap.map_or(self.advertised, |c| self.advertised.min(c));
+        let allowed = self.allowed();
         let mut s = format!(
             "{} (advertised: {}",
             self.used.name(),
@@ -195,7 +204,7 @@ pub fn isa_choice() -> IsaChoice {
             tracing::warn!(
                 "CPUID advertises {} but its instructions do not execute here (the probe \
                  process did not exit cleanly); kernels use {}",
-                choice.advertised.name(),
+                choice.allowed().name(),
                 choice.used.name()
             );
         }
