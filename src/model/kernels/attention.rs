@@ -292,6 +292,7 @@ fn weighted_values(isa: super::Isa, p: &[f32], v: &[f32], d: usize, out: &mut [f
             return;
         }
     }
+    let _ = isa;
     out.fill(0.0);
     for (j, &pj) in p.iter().enumerate() {
         for (o, &x) in out.iter_mut().zip(&v[j * d..(j + 1) * d]) {

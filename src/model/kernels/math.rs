@@ -86,6 +86,7 @@ pub(crate) fn silu_mul_with(isa: super::Isa, gate: &[f32], up: &[f32]) -> Vec<f3
                     super::Isa::Portable => {}
                 }
             }
+            let _ = isa;
             for ((h, &g), &u) in h.iter_mut().zip(gate).zip(up) {
                 *h = silu_mul_one(g, u);
             }
