@@ -165,22 +165,12 @@ impl Head<'_> {
                 }
             }
             softmax_rows(self.isa, &mut rows, self.scale);
-            let outs = &mut out[g0 * d..(g0 + live) * d];
-            #[cfg(target_arch = "x86_64")]
-            {
-                if self.isa.min(super::isa()) >= super::Isa::Avx512 && d.is_multiple_of(16) {
-                    let probs: [&[f32]; QUERY_GROUP] = std::array::from_fn(|r| &*rows[r]);
-                    let start = std::array::from_fn(|r| self.visible(first + r).start);
-                    // SAFETY: AVX-512F was detected and seen to execute; the group's keys
-                    // are rows of `v` (checked inside).
-                    unsafe { avx512::weighted_values_group(probs, start, self.v, d, outs) };
-                    continue;
-                }
-            }
-            for (r, (row, o)) in rows.iter().zip(outs.chunks_exact_mut(d)).enumerate() {
-                let start = self.visible(first + r).start;
-                weighted_values(self.isa, row, &self.v[start * d..], d, o);
-            }
+            let group = ValueGroup::new(
+                std::array::from_fn(|r| &*rows[r]),
+                std::array::from_fn(|r| self.visible(first + r).start),
+                live,
+            );
+            weighted_values(self.isa, &group, self.v, &mut out[g0 * d..(g0 + live) * d]);
         }
     }
 
@@ -282,28 +272,68 @@ fn scale_and_max(isa: super::Isa, row: &mut [f32], scale: f32) -> f32 {
     max
 }
 
-/// `out[dd] = Σ_j p_j·v[j·d + dd]`, one fused multiply-add chain per element in key order.
-fn weighted_values(isa: super::Isa, p: &[f32], v: &[f32], d: usize, out: &mut [f32]) {
+/// A query group's probabilities and the keys each query sees (`start[r]..end[r]`, within
+/// `keys`); queries from `live` on are absent.
+struct ValueGroup<'a> {
+    probs: [&'a [f32]; QUERY_GROUP],
+    start: [usize; QUERY_GROUP],
+    end: [usize; QUERY_GROUP],
+    keys: std::ops::Range<usize>,
+    live: usize,
+}
+
+impl<'a> ValueGroup<'a> {
+    fn new(probs: [&'a [f32]; QUERY_GROUP], start: [usize; QUERY_GROUP], live: usize) -> Self {
+        let end = std::array::from_fn(|r| start[r] + probs[r].len());
+        let keys = (0..live).map(|r| start[r]).min().unwrap_or(0)
+            ..(0..live).map(|r| end[r]).max().unwrap_or(0);
+        ValueGroup {
+            probs,
+            start,
+            end,
+            keys,
+            live,
+        }
+    }
+}
+
+/// `out_r[dd] = Σ_j p_r[j − start_r]·v[j·d + dd]` for the group's queries (`out` holds their
+/// rows of `d`): one fused multiply-add chain per element over its query's keys in order.
+/// The SIMD paths run the queries together: their chains are independent, so they overlap,
+/// and each `v_j` is loaded once for the group.
+fn weighted_values(isa: super::Isa, g: &ValueGroup<'_>, v: &[f32], out: &mut [f32]) {
+    let d = out.len() / g.live.max(1);
+    assert!(
+        out.len() == g.live * d && v.len() >= g.keys.end * d,
+        "value group shapes"
+    );
     #[cfg(target_arch = "x86_64")]
     {
-        if isa.min(super::isa()) >= super::Isa::Avx2 && d.is_multiple_of(8) {
-            // SAFETY: AVX2 and FMA are present; `v` holds `p.len()` rows of `d` (checked).
-            unsafe { avx2::weighted_values(p, v, d, out) };
-            return;
+        let level = isa.min(super::isa());
+        if level >= super::Isa::Avx512 && d.is_multiple_of(16) {
+            // SAFETY: AVX-512F was detected and seen to execute; `v` holds the group's key
+            // rows and `out` its rows of `d` (asserted above).
+            return unsafe { avx512::weighted_values(g, v, d, out) };
+        }
+        if level >= super::Isa::Avx2 && d.is_multiple_of(8) {
+            // SAFETY: as above, for AVX2 and FMA.
+            return unsafe { avx2::weighted_values(g, v, d, out) };
         }
     }
     let _ = isa;
-    out.fill(0.0);
-    for (j, &pj) in p.iter().enumerate() {
-        for (o, &x) in out.iter_mut().zip(&v[j * d..(j + 1) * d]) {
-            *o = pj.mul_add(x, *o);
+    for (r, o) in out.chunks_exact_mut(d).enumerate() {
+        o.fill(0.0);
+        for (j, &p) in (g.start[r]..g.end[r]).zip(g.probs[r]) {
+            for (o, &x) in o.iter_mut().zip(&v[j * d..(j + 1) * d]) {
+                *o = p.mul_add(x, *o);
+            }
         }
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{Head, KEY_LANES, QUERY_GROUP};
+    use super::{Head, ValueGroup, KEY_LANES, QUERY_GROUP};
     use std::arch::x86_64::*;
 
     /// Scores of up to four queries against 16 keys at a time: per head dimension one load
@@ -366,24 +396,46 @@ mod avx2 {
         max
     }
 
-    /// `out = Σ_j p_j·v_j`, 64 outputs at a time in registers: each element is its own FMA
-    /// chain over `j` in order.
+    /// [`super::weighted_values`] 16 columns (two vectors) at a time for the four queries:
+    /// eight independent FMA chains, and each `v_j` vector loaded once for the group.
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn weighted_values(p: &[f32], v: &[f32], d: usize, out: &mut [f32]) {
-        assert!(v.len() >= p.len() * d && out.len() == d && d.is_multiple_of(8));
-        let vp = v.as_ptr();
-        for c0 in (0..d).step_by(64) {
-            let lanes = ((d - c0) / 8).min(8);
-            let mut acc = [_mm256_setzero_ps(); 8];
-            for (j, &pj) in p.iter().enumerate() {
-                let pv = _mm256_set1_ps(pj);
-                let row = vp.add(j * d + c0);
-                for (l, a) in acc.iter_mut().enumerate().take(lanes) {
-                    *a = _mm256_fmadd_ps(pv, _mm256_loadu_ps(row.add(8 * l)), *a);
+    pub(super) unsafe fn weighted_values(g: &ValueGroup<'_>, v: &[f32], d: usize, out: &mut [f32]) {
+        for c0 in (0..d).step_by(16) {
+            // SAFETY: c0 + 8·V ≤ d; keys < g.keys.end, whose rows `v` holds (the caller's
+            // assert).
+            if d - c0 >= 16 {
+                columns::<2>(g, v, (d, c0), out);
+            } else {
+                columns::<1>(g, v, (d, c0), out);
+            }
+        }
+    }
+
+    /// Output columns `c0..c0 + 8·V` of the group's queries.
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn columns<const V: usize>(
+        g: &ValueGroup<'_>,
+        v: &[f32],
+        (d, c0): (usize, usize),
+        out: &mut [f32],
+    ) {
+        let mut acc = [[_mm256_setzero_ps(); V]; QUERY_GROUP];
+        for j in g.keys.clone() {
+            let row = v.as_ptr().add(j * d + c0);
+            let vj: [__m256; V] = std::array::from_fn(|c| _mm256_loadu_ps(row.add(8 * c)));
+            for (r, acc_r) in acc.iter_mut().enumerate().take(g.live) {
+                if (g.start[r]..g.end[r]).contains(&j) {
+                    let p = _mm256_set1_ps(*g.probs[r].get_unchecked(j - g.start[r]));
+                    for (a, x) in acc_r.iter_mut().zip(&vj) {
+                        *a = _mm256_fmadd_ps(p, *x, *a);
+                    }
                 }
             }
-            for (l, a) in acc.iter().enumerate().take(lanes) {
-                _mm256_storeu_ps(out.as_mut_ptr().add(c0 + 8 * l), *a);
+        }
+        for (r, acc_r) in acc.iter().enumerate().take(g.live) {
+            let o = out.as_mut_ptr().add(r * d + c0);
+            for (c, a) in acc_r.iter().enumerate() {
+                _mm256_storeu_ps(o.add(8 * c), *a);
             }
         }
     }
@@ -603,19 +655,36 @@ mod tests {
                 }
             }
         }
-        let d = 16;
-        let p: Vec<f32> = (0..23).map(|_| lcg(&mut seed).abs()).collect();
-        let v: Vec<f32> = (0..23 * d).map(|_| lcg(&mut seed)).collect();
-        let mut b = vec![0f32; d];
-        for (j, &pj) in p.iter().enumerate() {
-            for dd in 0..d {
-                b[dd] = pj.mul_add(v[j * d + dd], b[dd]);
+        // Weighted values of groups whose queries start and end at different keys, for head
+        // sizes with and without a multiple of 8 or 16.
+        let spans = [(0, 23), (2, 22), (5, 25), (6, 30)];
+        for d in [12, 16, 24, 64, 72, 136] {
+            let v: Vec<f32> = (0..30 * d).map(|_| lcg(&mut seed)).collect();
+            let probs: Vec<Vec<f32>> = spans
+                .iter()
+                .map(|&(a, b)| (a..b).map(|_| lcg(&mut seed).abs()).collect())
+                .collect();
+            for live in 1..=QUERY_GROUP {
+                let group = ValueGroup::new(
+                    std::array::from_fn(|r| if r < live { &probs[r][..] } else { &[] }),
+                    std::array::from_fn(|r| spans[r].0),
+                    live,
+                );
+                let mut want = vec![0f32; live * d];
+                for (r, o) in want.chunks_exact_mut(d).enumerate() {
+                    for (j, &p) in (spans[r].0..spans[r].1).zip(&probs[r]) {
+                        for dd in 0..d {
+                            o[dd] = p.mul_add(v[j * d + dd], o[dd]);
+                        }
+                    }
+                }
+                for isa in available_isas() {
+                    let mut got = vec![f32::NAN; live * d];
+                    weighted_values(isa, &group, &v, &mut got);
+                    let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&got), bits(&want), "{isa:?} d {d}, {live} queries");
+                }
             }
-        }
-        for isa in available_isas() {
-            let mut a = vec![0f32; d];
-            weighted_values(isa, &p, &v, d, &mut a);
-            assert_eq!(a, b, "{isa:?}");
         }
         // Whole calls: head sizes with and without a multiple of 8 or 16, windows, GQA, rows
         // of every length in a query group, and rows past a query block.

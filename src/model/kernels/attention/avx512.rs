@@ -2,7 +2,7 @@
 //! sum of values over a whole query group, each output element computed by the same chain of
 //! operations as the portable definition.
 
-use super::{Head, KEY_LANES, QUERY_GROUP};
+use super::{Head, ValueGroup, KEY_LANES, QUERY_GROUP};
 use std::arch::x86_64::*;
 
 /// The AVX2 `scores` on 16-key zmm vectors: each score is still its own FMA chain over
@@ -37,55 +37,29 @@ pub(super) unsafe fn scores(
     }
 }
 
-/// `out_r = Σ_j p_r[j − start_r]·v_j` for the group's queries at once (`out` holds their
-/// rows of `d`, `d` a multiple of 16; `probs[r]` is empty past them): each output element
-/// is still its own FMA chain over its query's visible keys in order, but the queries'
-/// chains are independent, so four of them hide the FMA latency that bounds one query
-/// (and share each load of `v_j`).
+/// [`super::weighted_values`] 64 columns (four vectors) at a time for the four queries:
+/// sixteen independent FMA chains, and each `v_j` vector loaded once for the group.
 #[target_feature(enable = "avx512f")]
-pub(super) unsafe fn weighted_values_group(
-    probs: [&[f32]; QUERY_GROUP],
-    start: [usize; QUERY_GROUP],
-    v: &[f32],
-    d: usize,
-    out: &mut [f32],
-) {
-    let live = out.len() / d;
-    assert!(d.is_multiple_of(16) && out.len() == live * d && live <= QUERY_GROUP);
-    let end: [usize; QUERY_GROUP] = std::array::from_fn(|r| start[r] + probs[r].len());
-    let keys = (0..live).map(|r| start[r]).min().unwrap_or(0)
-        ..(0..live).map(|r| end[r]).max().unwrap_or(0);
-    assert!(v.len() >= keys.end * d);
-    let group = Group {
-        probs,
-        start,
-        end,
-        keys,
-        live,
-    };
+pub(super) unsafe fn weighted_values(g: &ValueGroup<'_>, v: &[f32], d: usize, out: &mut [f32]) {
     for c0 in (0..d).step_by(64) {
-        // SAFETY: c0 + 16·V ≤ d, and every key read is < keys.end (asserted above).
+        // SAFETY: c0 + 16·V ≤ d; keys < g.keys.end, whose rows `v` holds (the caller's assert).
         match (d - c0) / 16 {
-            1 => columns::<1>(&group, v, d, c0, out),
-            2 => columns::<2>(&group, v, d, c0, out),
-            3 => columns::<3>(&group, v, d, c0, out),
-            _ => columns::<4>(&group, v, d, c0, out),
+            1 => columns::<1>(g, v, (d, c0), out),
+            2 => columns::<2>(g, v, (d, c0), out),
+            3 => columns::<3>(g, v, (d, c0), out),
+            _ => columns::<4>(g, v, (d, c0), out),
         }
     }
 }
 
-/// One query group's probabilities and the keys each sees (`start[r]..end[r]`).
-struct Group<'a> {
-    probs: [&'a [f32]; QUERY_GROUP],
-    start: [usize; QUERY_GROUP],
-    end: [usize; QUERY_GROUP],
-    keys: std::ops::Range<usize>,
-    live: usize,
-}
-
 /// Output columns `c0..c0 + 16·V` of the group's queries.
 #[target_feature(enable = "avx512f")]
-unsafe fn columns<const V: usize>(g: &Group<'_>, v: &[f32], d: usize, c0: usize, out: &mut [f32]) {
+unsafe fn columns<const V: usize>(
+    g: &ValueGroup<'_>,
+    v: &[f32],
+    (d, c0): (usize, usize),
+    out: &mut [f32],
+) {
     let mut acc = [[_mm512_setzero_ps(); V]; QUERY_GROUP];
     for j in g.keys.clone() {
         let row = v.as_ptr().add(j * d + c0);
