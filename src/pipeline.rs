@@ -889,6 +889,7 @@ pub fn run_rank(
                 .collect(),
             peak_rss_bytes: fingerprint::peak_rss_bytes(),
             host: Some(comm.host()),
+            kernels: Some(crate::report::KernelIsa::detect()),
         },
         world: WorldInfo {
             backend: comm.backend().to_string(),

@@ -109,6 +109,44 @@ fn thread_count_does_not_change_a_bit() {
 }
 
 #[test]
+fn the_instruction_set_level_does_not_change_a_bit() {
+    // This machine's level (AVX-512 where it executes) against the AVX2 cap, both precisions;
+    // the portable level is compared kernel by kernel in the unit tests (a whole run of it
+    // takes minutes).
+    let run = |isa: &str, precision: &str| -> ppl::report::Results {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("results.json");
+        common::ppl_cmd()
+            .env("PPL_ISA", isa)
+            .arg("eval")
+            .arg("--model")
+            .arg(common::model())
+            .arg("--data")
+            .arg(common::wikitext())
+            .args([
+                "--chunks",
+                "2",
+                "--precision",
+                precision,
+                "--progress",
+                "none",
+            ])
+            .arg("--output")
+            .arg(&out)
+            .assert()
+            .success();
+        serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap()
+    };
+    for precision in ["native", "f32"] {
+        let (top, avx2) = (run("avx512", precision), run("avx2", precision));
+        let level = |r: &ppl::report::Results| r.system.kernels.as_ref().unwrap().isa.clone();
+        assert!(["portable", "avx2", "avx512"].contains(&level(&top).as_str()));
+        assert!(level(&avx2) != "avx512");
+        common::assert_same_numbers(&top, &avx2);
+    }
+}
+
+#[test]
 fn results_json_holds_the_documented_fields() {
     let r = eval(&["--chunks", "3", "--precision", "f32", "--threads", "2"]);
     let v = serde_json::to_value(&r).unwrap();
@@ -130,5 +168,8 @@ fn results_json_holds_the_documented_fields() {
     assert_eq!(r.windows[2].tokens, 255);
     assert!((r.mean_nll.exp() - r.ppl).abs() < 1e-12 * r.ppl);
     assert!(r.system.peak_rss_bytes.unwrap() > 100 << 20);
+    let kernels = r.system.kernels.as_ref().expect("system.kernels");
+    assert!(["portable", "avx2", "avx512"].contains(&kernels.isa.as_str()));
+    assert!(kernels.summary.starts_with(&kernels.isa));
     assert_eq!(v["config"]["precision"], "f32");
 }

@@ -21,7 +21,21 @@ fn a_good_configuration_passes_every_check() {
             "PASS  tokenizer                gpt2 (smollm), 49152 tokens",
         ))
         .stdout(contains("PASS  memory                   need about"))
+        .stdout(contains("; kernels: "))
         .stdout(contains("0 failed"));
+}
+
+#[test]
+fn the_kernels_level_follows_the_cap() {
+    common::ppl_cmd()
+        .env("PPL_ISA", "portable")
+        .arg("validate")
+        .arg("--model")
+        .arg(common::model())
+        .arg("--data")
+        .arg(common::wikitext())
+        .assert()
+        .stdout(contains("kernels: portable (advertised: "));
 }
 
 #[test]

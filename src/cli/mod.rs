@@ -780,6 +780,9 @@ fn init_logging(level: &str) {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(&cli.log);
+    // The kernels' instruction-set probe forks a child: done first, while the process is small,
+    // has one thread and no MPI state (some MPI transports object to a fork after their start).
+    crate::model::kernels::isa_choice();
     match run(cli) {
         Ok(code) => code,
         Err(e) => {

@@ -79,19 +79,24 @@ impl Checklist {
 /// The single-process checks.
 fn local_checks(args: &ValidateArgs, list: &mut Checklist) {
     let features = crate::fingerprint::cpu_features();
-    let simd = features.contains(&"avx2") && features.contains(&"fma");
+    let kernels = crate::model::kernels::isa_choice();
+    let simd = kernels.used >= crate::model::kernels::Isa::Avx2;
     list.add(
-        if simd || cfg!(not(target_arch = "x86_64")) {
+        if (simd || cfg!(not(target_arch = "x86_64"))) && !kernels.failed_to_execute() {
             Status::Pass
         } else {
             Status::Warn
         },
         "CPU features",
-        if features.is_empty() {
-            "none detected".to_string()
-        } else {
-            features.join(" ")
-        },
+        format!(
+            "{}; kernels: {}",
+            if features.is_empty() {
+                "none detected".to_string()
+            } else {
+                features.join(" ")
+            },
+            kernels.summary()
+        ),
     );
     let resolved = match args.eval.resolve() {
         Ok(r) => {

@@ -16,7 +16,7 @@
 //! | `config` | the resolved configuration |
 //! | `model`, `data` | paths, SHA-256 fingerprints, sizes, architecture, tokenizer |
 //! | `timings` | seconds for load, tokenize, eval, total; tokens/s |
-//! | `system` | threads, CPU features, peak RSS bytes |
+//! | `system` | threads, CPU features, peak RSS bytes, `kernels` (instruction-set level used, advertised, cap) |
 //! | `world` | backend, size (ranks), schedule |
 //! | `ranks[]` | per rank: host, windows, tokens, compute/comm/idle seconds, tokens/s, peak RSS |
 //! | `hardest[]` | the 10 windows with the highest mean NLL: `index`, `mean_nll`, `excerpt` |
@@ -253,6 +253,37 @@ pub struct SystemInfo {
     pub cpu_features: Vec<String>,
     pub peak_rss_bytes: Option<u64>,
     pub host: Option<String>,
+    /// The instruction-set level our kernels ran at and how it was chosen (absent in files
+    /// written before it was recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernels: Option<KernelIsa>,
+}
+
+/// The kernels' instruction-set level (`portable`, `avx2`, `avx512`): what CPUID advertised,
+/// the `PPL_ISA` cap, the level used (the highest at most both that executed in a probe).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct KernelIsa {
+    pub isa: String,
+    pub advertised: String,
+    pub cap: Option<String>,
+    /// False when an advertised, uncapped level trapped (or failed) in the probe.
+    pub executes: bool,
+    /// E.g. `avx512 (advertised: avx512, executes)`.
+    pub summary: String,
+}
+
+impl KernelIsa {
+    /// This process's choice.
+    pub fn detect() -> Self {
+        let c = crate::model::kernels::isa_choice();
+        KernelIsa {
+            isa: c.used.name().to_string(),
+            advertised: c.advertised.name().to_string(),
+            cap: c.cap.map(|l| l.name().to_string()),
+            executes: !c.failed_to_execute(),
+            summary: c.summary(),
+        }
+    }
 }
 
 impl Results {
@@ -311,8 +342,14 @@ impl Results {
             .peak_rss_bytes
             .map(|b| format!(", peak RSS {:.0} MiB", b as f64 / (1024.0 * 1024.0)))
             .unwrap_or_default();
+        let isa = self
+            .system
+            .kernels
+            .as_ref()
+            .map(|k| format!(", {} kernels", k.isa))
+            .unwrap_or_default();
         s += &format!(
-            "throughput: {:.1} tokens/s through the model ({:.1} scored/s), eval {:.2} s, total {:.2} s, {} threads{rss}\n",
+            "throughput: {:.1} tokens/s through the model ({:.1} scored/s), eval {:.2} s, total {:.2} s, {} threads{rss}{isa}\n",
             self.timings.tokens_per_s,
             self.timings.scored_tokens_per_s,
             self.timings.eval_s,

@@ -11,7 +11,9 @@
 //! queries are grouped: a score is one fused multiply-add chain over the head dimension in
 //! index order, times the scale; the softmax subtracts the row's max, sums the exponentials
 //! in key order and divides; an output element is one fused multiply-add chain over the keys
-//! in order. The portable fallback performs the same operations and gives the same bits.
+//! in order. The AVX2 and AVX-512 paths (the latter also runs the weighted sums of a group of
+//! four queries together: independent chains, so they overlap) and the portable fallback
+//! perform the same operations per element and give the same bits.
 
 use rayon::prelude::*;
 
@@ -55,6 +57,19 @@ pub fn causal_attention(
     scale: f32,
     window: Option<usize>,
 ) -> Vec<f32> {
+    causal_attention_with(super::isa(), (q, k, v), shape, scale, window)
+}
+
+/// [`causal_attention`] at instruction-set level `isa`, lowered to what this process may use
+/// (every level gives the same bits; tests run each).
+fn causal_attention_with(
+    isa: super::Isa,
+    (q, k, v): (&[f32], &[f32], &[f32]),
+    shape: AttentionShape,
+    scale: f32,
+    window: Option<usize>,
+) -> Vec<f32> {
+    let isa = isa.min(super::isa());
     let AttentionShape {
         batch,
         heads,
@@ -93,6 +108,7 @@ pub fn causal_attention(
             cols,
             scale,
             window,
+            isa,
         };
         out.par_chunks_mut(QUERY_BLOCK * d)
             .enumerate()
@@ -119,6 +135,8 @@ struct Head<'a> {
     cols: usize,
     scale: f32,
     window: usize,
+    /// The level the kernels run at, at most [`super::isa`].
+    isa: super::Isa,
 }
 
 impl Head<'_> {
@@ -135,15 +153,30 @@ impl Head<'_> {
             let lo = (first + 1).saturating_sub(self.window) / (2 * KEY_LANES) * (2 * KEY_LANES);
             let hi = (last + 1).div_ceil(2 * KEY_LANES) * 2 * KEY_LANES;
             self.scores(first, live, lo..hi, &mut scores);
-            for r in 0..live {
-                let i = first + r;
-                let visible = (i + 1).saturating_sub(self.window)..i + 1;
-                let row = &mut scores[r * self.cols..][visible.clone()];
-                softmax(row, self.scale);
-                let o = &mut out[(g0 + r) * d..][..d];
-                weighted_values(row, &self.v[visible.start * d..], d, o);
+            // Each live query's visible keys; the rest stay empty.
+            let mut rows: [&mut [f32]; QUERY_GROUP] = Default::default();
+            for (r, (slot, row)) in rows
+                .iter_mut()
+                .zip(scores.chunks_mut(self.cols))
+                .enumerate()
+            {
+                if r < live {
+                    *slot = &mut row[self.visible(first + r)];
+                }
             }
+            softmax_rows(self.isa, &mut rows, self.scale);
+            let group = ValueGroup::new(
+                std::array::from_fn(|r| &*rows[r]),
+                std::array::from_fn(|r| self.visible(first + r).start),
+                live,
+            );
+            weighted_values(self.isa, &group, self.v, &mut out[g0 * d..(g0 + live) * d]);
         }
+    }
+
+    /// The keys query `i` sees.
+    fn visible(&self, i: usize) -> std::ops::Range<usize> {
+        (i + 1).saturating_sub(self.window)..i + 1
     }
 
     /// Raw scores `q_i·k_j` of queries `first..first + live` for keys `keys` into
@@ -151,17 +184,23 @@ impl Head<'_> {
     fn scores(&self, first: usize, live: usize, keys: std::ops::Range<usize>, scores: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
         {
-            if super::avx2_available() {
-                // SAFETY: AVX2 and FMA are present (checked above); the ranges are in bounds
-                // (keys ⊆ 0..cols, queries < t) and checked inside.
-                unsafe { avx2::scores(self, first, live, keys, scores) };
-                return;
+            match self.isa.min(super::isa()) {
+                // SAFETY: AVX-512F, AVX2 and FMA were detected and seen to execute; the ranges
+                // are in bounds (keys ⊆ 0..cols, queries < t) and checked inside.
+                super::Isa::Avx512 => {
+                    return unsafe { avx512::scores(self, first, live, keys, scores) }
+                }
+                // SAFETY: as above, for AVX2 and FMA.
+                super::Isa::Avx2 => {
+                    return unsafe { avx2::scores(self, first, live, keys, scores) }
+                }
+                super::Isa::Portable => {}
             }
         }
         self.scores_portable(first, live, keys, scores)
     }
 
-    /// The same operations as the AVX2 version, one score at a time.
+    /// The same operations as the AVX2 and AVX-512 versions, one score at a time.
     fn scores_portable(
         &self,
         first: usize,
@@ -182,44 +221,119 @@ impl Head<'_> {
     }
 }
 
-/// In place: `s·scale`, minus the max, exponentiated, divided by their sum (in key order).
-fn softmax(row: &mut [f32], scale: f32) {
+/// In place, per row: `s·scale`, minus the row's max, exponentiated, divided by their sum
+/// in key order. The rows' sums are independent chains and run interleaved, so that their
+/// additions overlap (one sequential chain per row was a tenth of the attention time).
+fn softmax_rows(isa: super::Isa, rows: &mut [&mut [f32]; QUERY_GROUP], scale: f32) {
+    for row in rows.iter_mut() {
+        let max = scale_and_max(isa, row, scale);
+        for s in row.iter_mut() {
+            *s -= max;
+        }
+        super::math::exp_in_place_with(isa, row);
+    }
+    let shortest = rows.iter().map(|r| r.len()).min().unwrap_or(0);
+    let heads: [&[f32]; QUERY_GROUP] = std::array::from_fn(|r| &rows[r][..shortest]);
+    let mut sums = [0f32; QUERY_GROUP];
+    for j in 0..shortest {
+        for (sum, head) in sums.iter_mut().zip(&heads) {
+            *sum += head[j];
+        }
+    }
+    for (sum, row) in sums.iter_mut().zip(rows.iter()) {
+        for &e in &row[shortest..] {
+            *sum += e;
+        }
+    }
+    for (row, sum) in rows.iter_mut().zip(sums) {
+        for s in row.iter_mut() {
+            *s /= sum;
+        }
+    }
+}
+
+/// `s *= scale` in place; returns the largest `s` (−∞ for an empty row). The maximum of the
+/// non-NaN values does not depend on the order of comparison (a ±0 tie gives either zero,
+/// which subtracts to the same differences), so the SIMD version returns the same value.
+fn scale_and_max(isa: super::Isa, row: &mut [f32], scale: f32) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if isa.min(super::isa()) >= super::Isa::Avx2 {
+            // SAFETY: AVX2 was detected and seen to execute.
+            return unsafe { avx2::scale_and_max(row, scale) };
+        }
+    }
+    let _ = isa;
     let mut max = f32::NEG_INFINITY;
     for s in row.iter_mut() {
         *s *= scale;
         max = max.max(*s);
     }
-    for s in row.iter_mut() {
-        *s -= max;
-    }
-    super::math::exp_in_place(row);
-    let sum: f32 = row.iter().fold(0.0, |a, &e| a + e);
-    for s in row.iter_mut() {
-        *s /= sum;
+    max
+}
+
+/// A query group's probabilities and the keys each query sees (`start[r]..end[r]`, within
+/// `keys`); queries from `live` on are absent.
+struct ValueGroup<'a> {
+    probs: [&'a [f32]; QUERY_GROUP],
+    start: [usize; QUERY_GROUP],
+    end: [usize; QUERY_GROUP],
+    keys: std::ops::Range<usize>,
+    live: usize,
+}
+
+impl<'a> ValueGroup<'a> {
+    fn new(probs: [&'a [f32]; QUERY_GROUP], start: [usize; QUERY_GROUP], live: usize) -> Self {
+        let end = std::array::from_fn(|r| start[r] + probs[r].len());
+        let keys = (0..live).map(|r| start[r]).min().unwrap_or(0)
+            ..(0..live).map(|r| end[r]).max().unwrap_or(0);
+        ValueGroup {
+            probs,
+            start,
+            end,
+            keys,
+            live,
+        }
     }
 }
 
-/// `out[dd] = Σ_j p_j·v[j·d + dd]`, one fused multiply-add chain per element in key order.
-fn weighted_values(p: &[f32], v: &[f32], d: usize, out: &mut [f32]) {
+/// `out_r[dd] = Σ_j p_r[j − start_r]·v[j·d + dd]` for the group's queries (`out` holds their
+/// rows of `d`): one fused multiply-add chain per element over its query's keys in order.
+/// The SIMD paths run the queries together: their chains are independent, so they overlap,
+/// and each `v_j` is loaded once for the group.
+fn weighted_values(isa: super::Isa, g: &ValueGroup<'_>, v: &[f32], out: &mut [f32]) {
+    let d = out.len() / g.live.max(1);
+    assert!(
+        out.len() == g.live * d && v.len() >= g.keys.end * d,
+        "value group shapes"
+    );
     #[cfg(target_arch = "x86_64")]
     {
-        if super::avx2_available() && d.is_multiple_of(8) {
-            // SAFETY: AVX2 and FMA are present; `v` holds `p.len()` rows of `d` (checked).
-            unsafe { avx2::weighted_values(p, v, d, out) };
-            return;
+        let level = isa.min(super::isa());
+        if level >= super::Isa::Avx512 && d.is_multiple_of(16) {
+            // SAFETY: AVX-512F was detected and seen to execute; `v` holds the group's key
+            // rows and `out` its rows of `d` (asserted above).
+            return unsafe { avx512::weighted_values(g, v, d, out) };
+        }
+        if level >= super::Isa::Avx2 && d.is_multiple_of(8) {
+            // SAFETY: as above, for AVX2 and FMA.
+            return unsafe { avx2::weighted_values(g, v, d, out) };
         }
     }
-    out.fill(0.0);
-    for (j, &pj) in p.iter().enumerate() {
-        for (o, &x) in out.iter_mut().zip(&v[j * d..(j + 1) * d]) {
-            *o = pj.mul_add(x, *o);
+    let _ = isa;
+    for (r, o) in out.chunks_exact_mut(d).enumerate() {
+        o.fill(0.0);
+        for (j, &p) in (g.start[r]..g.end[r]).zip(g.probs[r]) {
+            for (o, &x) in o.iter_mut().zip(&v[j * d..(j + 1) * d]) {
+                *o = p.mul_add(x, *o);
+            }
         }
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{Head, KEY_LANES, QUERY_GROUP};
+    use super::{Head, ValueGroup, KEY_LANES, QUERY_GROUP};
     use std::arch::x86_64::*;
 
     /// Scores of up to four queries against 16 keys at a time: per head dimension one load
@@ -260,28 +374,75 @@ mod avx2 {
         }
     }
 
-    /// `out = Σ_j p_j·v_j`, 64 outputs at a time in registers: each element is its own FMA
-    /// chain over `j` in order.
+    /// [`super::scale_and_max`]: eight running maxima, each ignoring NaN as `f32::max` does
+    /// (`maxps` returns its second operand when either is NaN).
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn weighted_values(p: &[f32], v: &[f32], d: usize, out: &mut [f32]) {
-        assert!(v.len() >= p.len() * d && out.len() == d && d.is_multiple_of(8));
-        let vp = v.as_ptr();
-        for c0 in (0..d).step_by(64) {
-            let lanes = ((d - c0) / 8).min(8);
-            let mut acc = [_mm256_setzero_ps(); 8];
-            for (j, &pj) in p.iter().enumerate() {
-                let pv = _mm256_set1_ps(pj);
-                let row = vp.add(j * d + c0);
-                for (l, a) in acc.iter_mut().enumerate().take(lanes) {
-                    *a = _mm256_fmadd_ps(pv, _mm256_loadu_ps(row.add(8 * l)), *a);
+    pub(super) unsafe fn scale_and_max(row: &mut [f32], scale: f32) -> f32 {
+        let sc = _mm256_set1_ps(scale);
+        let mut m = _mm256_set1_ps(f32::NEG_INFINITY);
+        let mut chunks = row.chunks_exact_mut(8);
+        for c in &mut chunks {
+            let x = _mm256_mul_ps(_mm256_loadu_ps(c.as_ptr()), sc);
+            _mm256_storeu_ps(c.as_mut_ptr(), x);
+            m = _mm256_max_ps(x, m);
+        }
+        let mut lanes = [0f32; 8];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), m);
+        let mut max = lanes.iter().fold(f32::NEG_INFINITY, |a, &l| a.max(l));
+        for s in chunks.into_remainder() {
+            *s *= scale;
+            max = max.max(*s);
+        }
+        max
+    }
+
+    /// [`super::weighted_values`] 16 columns (two vectors) at a time for the four queries:
+    /// eight independent FMA chains, and each `v_j` vector loaded once for the group.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn weighted_values(g: &ValueGroup<'_>, v: &[f32], d: usize, out: &mut [f32]) {
+        for c0 in (0..d).step_by(16) {
+            // SAFETY: c0 + 8·V ≤ d; keys < g.keys.end, whose rows `v` holds (the caller's
+            // assert).
+            if d - c0 >= 16 {
+                columns::<2>(g, v, (d, c0), out);
+            } else {
+                columns::<1>(g, v, (d, c0), out);
+            }
+        }
+    }
+
+    /// Output columns `c0..c0 + 8·V` of the group's queries.
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn columns<const V: usize>(
+        g: &ValueGroup<'_>,
+        v: &[f32],
+        (d, c0): (usize, usize),
+        out: &mut [f32],
+    ) {
+        let mut acc = [[_mm256_setzero_ps(); V]; QUERY_GROUP];
+        for j in g.keys.clone() {
+            let row = v.as_ptr().add(j * d + c0);
+            let vj: [__m256; V] = std::array::from_fn(|c| _mm256_loadu_ps(row.add(8 * c)));
+            for (r, acc_r) in acc.iter_mut().enumerate().take(g.live) {
+                if (g.start[r]..g.end[r]).contains(&j) {
+                    let p = _mm256_set1_ps(*g.probs[r].get_unchecked(j - g.start[r]));
+                    for (a, x) in acc_r.iter_mut().zip(&vj) {
+                        *a = _mm256_fmadd_ps(p, *x, *a);
+                    }
                 }
             }
-            for (l, a) in acc.iter().enumerate().take(lanes) {
-                _mm256_storeu_ps(out.as_mut_ptr().add(c0 + 8 * l), *a);
+        }
+        for (r, acc_r) in acc.iter().enumerate().take(g.live) {
+            let o = out.as_mut_ptr().add(r * d + c0);
+            for (c, a) in acc_r.iter().enumerate() {
+                _mm256_storeu_ps(o.add(8 * c), *a);
             }
         }
     }
 }
+
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 
 #[cfg(test)]
 mod tests {
@@ -425,11 +586,43 @@ mod tests {
         assert_eq!(&all[n..2 * n], second.as_slice());
     }
 
+    /// Time of one Llama-3.2-1B layer's attention (32 heads, 8 KV heads, d 64, t 512) at the
+    /// process's level; compare with `PPL_ISA=avx2`:
+    /// `cargo test --release --lib attention::tests::throughput -- --ignored --nocapture`.
     #[test]
-    fn portable_paths_give_the_same_bits() {
+    #[ignore]
+    fn throughput() {
+        let mut seed = 41;
+        let s = AttentionShape {
+            batch: 1,
+            heads: 32,
+            kv_heads: 8,
+            t: 512,
+            head_dim: 64,
+        };
+        let q: Vec<f32> = (0..s.q_len()).map(|_| lcg(&mut seed)).collect();
+        let k: Vec<f32> = (0..s.kv_len()).map(|_| lcg(&mut seed)).collect();
+        let v: Vec<f32> = (0..s.kv_len()).map(|_| lcg(&mut seed)).collect();
+        let best = (0..5)
+            .map(|_| {
+                let t = std::time::Instant::now();
+                std::hint::black_box(causal_attention(&q, &k, &v, s, 0.125, None));
+                t.elapsed().as_secs_f64()
+            })
+            .fold(f64::INFINITY, f64::min);
+        println!(
+            "attention {s:?}, {} kernels: {:.2} ms",
+            super::super::isa().name(),
+            best * 1e3
+        );
+    }
+
+    #[test]
+    fn every_isa_level_gives_the_same_bits() {
+        use super::super::panel::tests::available_isas;
         let mut seed = 37;
-        let (t, d) = (21, 12);
-        let cols = 32;
+        let (t, d) = (41, 12);
+        let cols = 48;
         let q: Vec<f32> = (0..t * d).map(|_| lcg(&mut seed)).collect();
         let mut kt = vec![0f32; d * cols];
         for (j, x) in kt.iter_mut().enumerate() {
@@ -437,34 +630,93 @@ mod tests {
                 *x = lcg(&mut seed);
             }
         }
-        let head = Head {
-            q: &q,
-            kt: &kt,
-            v: &[],
-            d,
-            cols,
-            scale: 1.0,
-            window: usize::MAX,
-        };
         let (mut s1, mut s2) = (
             vec![0f32; QUERY_GROUP * cols],
             vec![0f32; QUERY_GROUP * cols],
         );
-        for (first, live) in [(0, 4), (17, 4), (18, 3), (20, 1)] {
-            head.scores(first, live, 0..cols, &mut s1);
-            head.scores_portable(first, live, 0..cols, &mut s2);
-            assert_eq!(s1, s2);
-        }
-        let d = 16;
-        let p: Vec<f32> = (0..23).map(|_| lcg(&mut seed).abs()).collect();
-        let v: Vec<f32> = (0..23 * d).map(|_| lcg(&mut seed)).collect();
-        let (mut a, mut b) = (vec![0f32; d], vec![0f32; d]);
-        weighted_values(&p, &v, d, &mut a);
-        for (j, &pj) in p.iter().enumerate() {
-            for dd in 0..d {
-                b[dd] = pj.mul_add(v[j * d + dd], b[dd]);
+        for isa in available_isas() {
+            let head = Head {
+                q: &q,
+                kt: &kt,
+                v: &[],
+                d,
+                cols,
+                scale: 1.0,
+                window: usize::MAX,
+                isa,
+            };
+            for (first, live) in [(0, 4), (17, 4), (18, 3), (37, 4), (40, 1)] {
+                for keys in [0..cols, 16..cols, 0..16, 32..48] {
+                    s1.fill(0.0);
+                    s2.fill(0.0);
+                    head.scores(first, live, keys.clone(), &mut s1);
+                    head.scores_portable(first, live, keys, &mut s2);
+                    assert_eq!(s1, s2, "{isa:?}");
+                }
             }
         }
-        assert_eq!(a, b);
+        // Weighted values of groups whose queries start and end at different keys, for head
+        // sizes with and without a multiple of 8 or 16.
+        let spans = [(0, 23), (2, 22), (5, 25), (6, 30)];
+        for d in [12, 16, 24, 64, 72, 136] {
+            let v: Vec<f32> = (0..30 * d).map(|_| lcg(&mut seed)).collect();
+            let probs: Vec<Vec<f32>> = spans
+                .iter()
+                .map(|&(a, b)| (a..b).map(|_| lcg(&mut seed).abs()).collect())
+                .collect();
+            for live in 1..=QUERY_GROUP {
+                let group = ValueGroup::new(
+                    std::array::from_fn(|r| if r < live { &probs[r][..] } else { &[] }),
+                    std::array::from_fn(|r| spans[r].0),
+                    live,
+                );
+                let mut want = vec![0f32; live * d];
+                for (r, o) in want.chunks_exact_mut(d).enumerate() {
+                    for (j, &p) in (spans[r].0..spans[r].1).zip(&probs[r]) {
+                        for dd in 0..d {
+                            o[dd] = p.mul_add(v[j * d + dd], o[dd]);
+                        }
+                    }
+                }
+                for isa in available_isas() {
+                    let mut got = vec![f32::NAN; live * d];
+                    weighted_values(isa, &group, &v, &mut got);
+                    let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&got), bits(&want), "{isa:?} d {d}, {live} queries");
+                }
+            }
+        }
+        // Whole calls: head sizes with and without a multiple of 8 or 16, windows, GQA, rows
+        // of every length in a query group, and rows past a query block.
+        for (shape, window) in [
+            ((2, 4, 2, 70, 64), None),
+            ((1, 3, 1, 37, 72), Some(9)),
+            ((1, 2, 2, 45, 12), Some(1)),
+            ((1, 2, 1, 130, 24), None),
+            ((1, 2, 1, 50, 32), Some(5)),
+            ((1, 1, 1, 35, 48), Some(33)),
+        ] {
+            let (batch, heads, kv_heads, t, head_dim) = shape;
+            let s = AttentionShape {
+                batch,
+                heads,
+                kv_heads,
+                t,
+                head_dim,
+            };
+            let q: Vec<f32> = (0..s.q_len()).map(|_| lcg(&mut seed) * 3.0).collect();
+            let k: Vec<f32> = (0..s.kv_len()).map(|_| lcg(&mut seed) * 3.0).collect();
+            let v: Vec<f32> = (0..s.kv_len()).map(|_| lcg(&mut seed)).collect();
+            let bits = |isa| -> Vec<u32> {
+                causal_attention_with(isa, (&q, &k, &v), s, 0.3, window)
+                    .iter()
+                    .map(|x| x.to_bits())
+                    .collect()
+            };
+            let want = bits(super::super::Isa::Portable);
+            for isa in available_isas() {
+                assert!(bits(isa) == want, "{isa:?} {s:?}");
+            }
+        }
     }
 }

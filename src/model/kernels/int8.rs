@@ -13,9 +13,9 @@
 //! Float order is fixed per output element, as ggml's AVX2 `vec_dot_q5_0_q8_0` and
 //! `vec_dot_q8_0_q8_0` order it: eight lanes, lane `l` accumulating
 //! `fma(d_w·d_a, Σ_{i<4} q_w[4l+i]·q_a[4l+i], acc_l)` over the blocks, then
-//! `((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7))`. The portable fallback performs the same
-//! operations, so results are bit-identical with and without AVX2, for any thread count and
-//! any number of rows.
+//! `((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7))`. The AVX-512 path (VNNI, two panel rows per
+//! register) and the portable fallback perform the same operations per lane, so results are
+//! bit-identical at every instruction-set level, for any thread count and any number of rows.
 
 use half::f16;
 
@@ -139,15 +139,30 @@ impl PanelKernel for Int8Matrix {
 
     fn panel_row(&self, a: PanelRef<'_>, j: usize) -> [f32; PANEL] {
         let (d, qs) = self.row(j);
-        #[cfg(target_arch = "x86_64")]
-        {
-            if super::avx2_available() {
-                // SAFETY: AVX2 and FMA are present (checked above).
-                return unsafe { avx2::panel_row(d, qs, a) };
-            }
-        }
-        panel_row_portable(d, qs, a)
+        panel_row_with(super::isa(), d, qs, a)
     }
+}
+
+/// The micro-kernel at instruction-set level `isa`, lowered to what this process may use
+/// (every level gives the same bits; tests run each).
+pub(crate) fn panel_row_with(
+    isa: super::Isa,
+    wd: &[f32],
+    wqs: &[[i8; 32]],
+    a: PanelRef<'_>,
+) -> [f32; PANEL] {
+    #[cfg(target_arch = "x86_64")]
+    {
+        match isa.min(super::isa()) {
+            // SAFETY: AVX-512 F/BW/VL/VNNI, AVX2 and FMA were detected and seen to execute.
+            super::Isa::Avx512 => return unsafe { avx512::panel_row(wd, wqs, a) },
+            // SAFETY: AVX2 and FMA were detected and seen to execute.
+            super::Isa::Avx2 => return unsafe { avx2::panel_row(wd, wqs, a) },
+            super::Isa::Portable => {}
+        }
+    }
+    let _ = isa;
+    panel_row_portable(wd, wqs, a)
 }
 
 /// The same operations as the AVX2 kernel, one lane at a time.
@@ -202,6 +217,46 @@ mod avx2 {
             }
         }
         std::array::from_fn(|r| super::super::hsum256(acc[r]))
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::super::avx512::{hsum_pairs, pair_spread};
+    use super::super::panel::{PanelRef, PANEL};
+    use std::arch::x86_64::*;
+
+    /// The AVX2 kernel with two panel rows per zmm register (rows `2p`, `2p + 1` in lanes
+    /// 0..8, 8..16) and `vpdpbusd` for maddubs+madd: |w| times a with w's sign, four byte
+    /// products summed exactly into each i32 lane as before (|w| ≤ 128 and |a| ≤ 127 never
+    /// saturated maddubs' i16 pairs), then the same FMA per lane and the same final sums.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
+    pub(super) unsafe fn panel_row(wd: &[f32], wqs: &[[i8; 32]], a: PanelRef<'_>) -> [f32; PANEL] {
+        let nb = wd.len();
+        assert!(wqs.len() == nb && a.qs.len() >= nb * PANEL && a.d.len() >= nb * PANEL);
+        let zero = _mm512_setzero_si512();
+        let spread = pair_spread();
+        let mut acc = [_mm512_setzero_ps(); PANEL / 2];
+        let (aq, ad) = (a.qs.as_ptr(), a.d.as_ptr());
+        for b in 0..nb {
+            // SAFETY (all pointer reads): b < nb and the lengths were asserted above; rows
+            // 2p and 2p + 1 of a block are adjacent 32-byte arrays.
+            let w = _mm256_loadu_si256(wqs.as_ptr().add(b) as *const __m256i);
+            let qw = _mm512_broadcast_i64x4(w);
+            let aw = _mm512_abs_epi8(qw);
+            let w_negative = _mm512_movepi8_mask(qw);
+            let da = _mm256_loadu_ps(ad.add(b * PANEL));
+            let d = _mm512_castps256_ps512(_mm256_mul_ps(_mm256_set1_ps(*wd.get_unchecked(b)), da));
+            for (p, acc_p) in acc.iter_mut().enumerate() {
+                let qa = _mm512_loadu_si512(aq.add(b * PANEL + 2 * p) as *const __m512i);
+                // a with w's sign (where w is 0, |w| is 0 too).
+                let sa = _mm512_mask_sub_epi8(qa, w_negative, zero, qa);
+                let dot = _mm512_dpbusd_epi32(zero, aw, sa);
+                let dp = _mm512_permutexvar_ps(spread[p], d);
+                *acc_p = _mm512_fmadd_ps(dp, _mm512_cvtepi32_ps(dot), *acc_p);
+            }
+        }
+        hsum_pairs(&acc)
     }
 }
 
@@ -289,15 +344,15 @@ mod tests {
             x,
             m,
             |a| want(a, m),
-            |p, j| {
+            |isa, p, j| {
                 let (d, qs) = w.row(j);
-                panel_row_portable(d, qs, p)
+                panel_row_with(isa, d, qs, p)
             },
         );
     }
 
     #[test]
-    fn q5_0_matches_naive_reference_and_portable_path_bit_for_bit() {
+    fn q5_0_matches_naive_reference_and_every_isa_level_bit_for_bit() {
         let mut seed = 11;
         for &(m, n, k) in &[
             (1, 1, 32),
@@ -315,7 +370,7 @@ mod tests {
     }
 
     #[test]
-    fn q8_0_matches_naive_reference_and_portable_path_bit_for_bit() {
+    fn q8_0_matches_naive_reference_and_every_isa_level_bit_for_bit() {
         let mut seed = 19;
         for &(m, n, k) in &[
             (1, 1, 32),
@@ -380,6 +435,36 @@ mod tests {
         }
         let tail = w.matmul(&x[5 * k..], 32);
         assert_eq!(&all[5 * n..], tail.as_slice());
+    }
+
+    /// Throughput of a Llama-3.2-1B FFN matrix (Q8_0 `[8192, 2048]`, m = 512) on 1 and 2
+    /// threads at the process's level; compare levels with `PPL_ISA=avx2`:
+    /// `cargo test --release --lib int8::tests::q8_0_throughput -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn q8_0_throughput() {
+        let mut seed = 1;
+        let (m, n, k) = (512, 8192, 2048);
+        let w = Int8Matrix::from_q8_0(&random_q8_0(n, k, &mut seed), n, k).unwrap();
+        let x: Vec<f32> = (0..m * k).map(|_| lcg(&mut seed)).collect();
+        for threads in [1, 2] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            let best = (0..3)
+                .map(|_| {
+                    let t = std::time::Instant::now();
+                    std::hint::black_box(pool.install(|| w.matmul(&x, m)));
+                    t.elapsed().as_secs_f64()
+                })
+                .fold(f64::INFINITY, f64::min);
+            let gflops = 2.0 * (m * n * k) as f64 / best / 1e9;
+            println!(
+                "Q8_0 [{n}, {k}] m {m}, {} kernels, {threads} thread(s): {best:.3} s, {gflops:.1} GFLOP/s",
+                super::super::isa().name()
+            );
+        }
     }
 
     #[test]

@@ -1,5 +1,5 @@
-//! Elementwise functions in f32 with an AVX2 path and a portable one that give the same bits:
-//! the exponential (for softmax) and SiLU gating.
+//! Elementwise functions in f32 with AVX-512, AVX2 and portable paths that give the same
+//! bits: the exponential (for softmax) and SiLU gating.
 //!
 //! Why our own: glibc's scalar `expf` was 5–7% of an evaluation (attention softmax and the
 //! MLP's SiLU, 94M exponentials per 512-token SmolLM2 window), and a polynomial whose every
@@ -8,16 +8,24 @@
 
 use rayon::prelude::*;
 
-/// `e^x` for every element, the same bits with and without AVX2. See [`exp`].
+/// `e^x` for every element, the same bits at every instruction-set level. See [`exp`].
 pub fn exp_in_place(xs: &mut [f32]) {
+    exp_in_place_with(super::isa(), xs)
+}
+
+/// [`exp_in_place`] at level `isa`, lowered to what this process may use.
+pub(crate) fn exp_in_place_with(isa: super::Isa, xs: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     {
-        if super::avx2_available() {
-            // SAFETY: AVX2 and FMA are present (checked above).
-            unsafe { avx2::exp_in_place(xs) };
-            return;
+        match isa.min(super::isa()) {
+            // SAFETY: AVX-512F was detected and seen to execute.
+            super::Isa::Avx512 => return unsafe { avx512::exp_in_place(xs) },
+            // SAFETY: AVX2 and FMA were detected and seen to execute.
+            super::Isa::Avx2 => return unsafe { avx2::exp_in_place(xs) },
+            super::Isa::Portable => {}
         }
     }
+    let _ = isa;
     for x in xs {
         *x = exp(*x);
     }
@@ -56,7 +64,13 @@ pub fn exp(x: f32) -> f32 {
 /// `h = silu(g)·u = g / (1 + e^(−g)) · u`, elementwise (the MLP's gate times its up
 /// projection; PyTorch's SiLU formula).
 pub fn silu_mul(gate: &[f32], up: &[f32]) -> Vec<f32> {
+    silu_mul_with(super::isa(), gate, up)
+}
+
+/// [`silu_mul`] at level `isa`, lowered to what this process may use.
+pub(crate) fn silu_mul_with(isa: super::Isa, gate: &[f32], up: &[f32]) -> Vec<f32> {
     assert_eq!(gate.len(), up.len(), "gate/up shapes");
+    let isa = isa.min(super::isa());
     let mut h = vec![0f32; gate.len()];
     const CHUNK: usize = 1 << 14;
     h.par_chunks_mut(CHUNK)
@@ -64,12 +78,15 @@ pub fn silu_mul(gate: &[f32], up: &[f32]) -> Vec<f32> {
         .for_each(|(h, (gate, up))| {
             #[cfg(target_arch = "x86_64")]
             {
-                if super::avx2_available() {
-                    // SAFETY: AVX2 and FMA are present (checked above); equal lengths.
-                    unsafe { avx2::silu_mul(gate, up, h) };
-                    return;
+                match isa {
+                    // SAFETY: AVX-512F was detected and seen to execute; equal lengths.
+                    super::Isa::Avx512 => return unsafe { avx512::silu_mul(gate, up, h) },
+                    // SAFETY: AVX2 and FMA were detected and seen to execute; equal lengths.
+                    super::Isa::Avx2 => return unsafe { avx2::silu_mul(gate, up, h) },
+                    super::Isa::Portable => {}
                 }
             }
+            let _ = isa;
             for ((h, &g), &u) in h.iter_mut().zip(gate).zip(up) {
                 *h = silu_mul_one(g, u);
             }
@@ -142,13 +159,78 @@ mod avx2 {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::{EXP_HI, EXP_LO, EXP_POLY, LN2_HI, LN2_LO, LOG2E};
+    use std::arch::x86_64::*;
+
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn exp_in_place(xs: &mut [f32]) {
+        let mut chunks = xs.chunks_exact_mut(16);
+        for c in &mut chunks {
+            let x = _mm512_loadu_ps(c.as_ptr());
+            _mm512_storeu_ps(c.as_mut_ptr(), exp16(x));
+        }
+        for x in chunks.into_remainder() {
+            *x = super::exp(*x);
+        }
+    }
+
+    /// The AVX2 `exp8`, operation for operation, on sixteen lanes.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn exp16(x: __m512) -> __m512 {
+        let x = _mm512_min_ps(
+            _mm512_max_ps(x, _mm512_set1_ps(EXP_LO)),
+            _mm512_set1_ps(EXP_HI),
+        );
+        const NEAREST: i32 = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+        let n = _mm512_roundscale_ps::<NEAREST>(_mm512_mul_ps(x, _mm512_set1_ps(LOG2E)));
+        let r = _mm512_fmadd_ps(n, _mm512_set1_ps(-LN2_HI), x);
+        let r = _mm512_fmadd_ps(n, _mm512_set1_ps(-LN2_LO), r);
+        let mut p = _mm512_set1_ps(EXP_POLY[0]);
+        for c in &EXP_POLY[1..] {
+            p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(*c));
+        }
+        let y = _mm512_add_ps(
+            _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r),
+            _mm512_set1_ps(1.0),
+        );
+        let e = _mm512_slli_epi32::<23>(_mm512_add_epi32(
+            _mm512_cvtps_epi32(n),
+            _mm512_set1_epi32(127),
+        ));
+        _mm512_mul_ps(y, _mm512_castsi512_ps(e))
+    }
+
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn silu_mul(gate: &[f32], up: &[f32], h: &mut [f32]) {
+        assert!(gate.len() == up.len() && h.len() == gate.len());
+        let n16 = gate.len() / 16 * 16;
+        let one = _mm512_set1_ps(1.0);
+        for i in (0..n16).step_by(16) {
+            let g = _mm512_loadu_ps(gate.as_ptr().add(i));
+            let u = _mm512_loadu_ps(up.as_ptr().add(i));
+            let minus_g = _mm512_castsi512_ps(_mm512_xor_si512(
+                _mm512_castps_si512(g),
+                _mm512_set1_epi32(i32::MIN),
+            ));
+            let e = exp16(minus_g);
+            let y = _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(one, e)), u);
+            _mm512_storeu_ps(h.as_mut_ptr().add(i), y);
+        }
+        for i in n16..gate.len() {
+            h[i] = super::silu_mul_one(gate[i], up[i]);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::panel::tests::lcg;
     use super::*;
 
     #[test]
-    fn simd_and_portable_paths_give_the_same_bits_and_exp_is_accurate() {
+    fn every_isa_level_gives_the_same_bits_and_exp_is_accurate() {
         let mut seed = 37;
         let mut xs: Vec<f32> = (0..1000).map(|_| lcg(&mut seed) * 100.0 - 50.0).collect();
         xs.extend([
@@ -160,24 +242,27 @@ mod tests {
             88.0,
             -0.5 * std::f32::consts::LN_2,
         ]);
-        let mut simd = xs.clone();
-        exp_in_place(&mut simd);
-        for (x, e) in xs.iter().zip(&simd) {
-            assert_eq!(exp(*x).to_bits(), e.to_bits(), "exp({x})");
-            if *x > -80.0 {
-                let rel = (*e as f64 - (*x as f64).exp()).abs() / (*x as f64).exp();
-                assert!(rel < 3e-7, "exp({x}) = {e}, rel error {rel:e}");
-            }
-        }
         let up: Vec<f32> = (0..xs.len()).map(|_| lcg(&mut seed)).collect();
-        let h = silu_mul(&xs, &up);
-        for ((&g, &u), &h) in xs.iter().zip(&up).zip(&h) {
-            assert_eq!(h.to_bits(), silu_mul_one(g, u).to_bits(), "silu({g})·{u}");
-            let want = g as f64 / (1.0 + (-g as f64).exp()) * u as f64;
-            assert!(
-                (h as f64 - want).abs() <= 1e-6 * (1.0 + want.abs()),
-                "silu({g})·{u}"
-            );
+        for isa in super::super::panel::tests::available_isas() {
+            let mut simd = xs.clone();
+            exp_in_place_with(isa, &mut simd);
+            for (x, e) in xs.iter().zip(&simd) {
+                assert_eq!(exp(*x).to_bits(), e.to_bits(), "{isa:?} exp({x})");
+                if *x > -80.0 {
+                    let rel = (*e as f64 - (*x as f64).exp()).abs() / (*x as f64).exp();
+                    assert!(rel < 3e-7, "exp({x}) = {e}, rel error {rel:e}");
+                }
+            }
+            let h = silu_mul_with(isa, &xs, &up);
+            for ((&g, &u), &h) in xs.iter().zip(&up).zip(&h) {
+                let want_bits = silu_mul_one(g, u).to_bits();
+                assert_eq!(h.to_bits(), want_bits, "{isa:?} silu({g})·{u}");
+                let want = g as f64 / (1.0 + (-g as f64).exp()) * u as f64;
+                assert!(
+                    (h as f64 - want).abs() <= 1e-6 * (1.0 + want.abs()),
+                    "silu({g})·{u}"
+                );
+            }
         }
     }
 }

@@ -1,7 +1,11 @@
 //! Our own CPU kernels, only where a profile showed candle (or our previous kernel) to be the
-//! bottleneck. Each has an AVX2 path chosen at run time and a portable one that performs the
-//! same IEEE operations in the same order, so results are bit-identical with and without AVX2,
-//! for any thread count, batch size or grouping of rows.
+//! bottleneck. Each has an AVX2 path chosen at run time (the quantized ones also an AVX-512
+//! VNNI path) and a portable one that performs the same IEEE operations in the same order, so
+//! results are bit-identical at every instruction-set level, for any thread count, batch size
+//! or grouping of rows.
+//!
+//! The level ([`isa`]) is what CPUID advertises, confirmed by executing the instructions in a
+//! child process (some machines advertise AVX-512 that traps), capped by `PPL_ISA`.
 //!
 //! - [`q4_1`] (Q4_1 × Q8_1) and [`int8`] (Q5_0 and Q8_0 × Q8_0): llama.cpp's CPU arithmetic
 //!   for quantized weights, as micro-kernels over panels of 8 activation rows ([`panel`]
@@ -111,26 +115,112 @@ fn advertised() -> Isa {
     Isa::Portable
 }
 
-/// The level our kernels run at: what the CPU advertises, capped by `PPL_ISA`
-/// (`portable`, `avx2`, `avx512`), detected once per process.
-pub fn isa() -> Isa {
+impl Isa {
+    /// The next level down.
+    fn below(self) -> Isa {
+        match self {
+            Isa::Avx512 => Isa::Avx2,
+            _ => Isa::Portable,
+        }
+    }
+}
+
+/// How the kernels' level was chosen: what CPUID advertised, the `PPL_ISA` cap, and the
+/// level used, the highest at most both whose instructions were seen to execute.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IsaChoice {
+    /// What CPUID advertises.
+    pub advertised: Isa,
+    /// `PPL_ISA`, when set to a level's name.
+    pub cap: Option<Isa>,
+    /// The level the kernels run at.
+    pub used: Isa,
+}
+
+impl IsaChoice {
+    /// Probes from `min(advertised, cap)` down and keeps the first level that `executes`
+    /// (Portable always does). Pure apart from `executes`, so the logic is testable without
+    /// the process-wide detection.
+    pub fn choose(
+        advertised: Isa,
+        cap: Option<Isa>,
+        mut executes: impl FnMut(Isa) -> bool,
+    ) -> Self {
+        let mut choice = IsaChoice {
+            advertised,
+            cap,
+            used: Isa::Portable,
+        };
+        choice.used = choice.allowed();
+        while choice.used > Isa::Portable && !executes(choice.used) {
+            choice.used = choice.used.below();
+        }
+        choice
+    }
+
+    /// The level advertised and allowed by the cap, before the probe.
+    pub fn allowed(&self) -> Isa {
+        self.cap.map_or(self.advertised, |c| self.advertised.min(c))
+    }
+
+    /// Whether the allowed level (or more) failed to execute, so a lower one is used.
+    pub fn failed_to_execute(&self) -> bool {
+        self.used < self.allowed()
+    }
+
+    /// One line for `ppl validate` and results.json, e.g.
+    /// `avx512 (advertised: avx512, executes)`.
+    pub fn summary(&self) -> String {
+        let allowed = self.allowed();
+        let mut s = format!(
+            "{} (advertised: {}",
+            self.used.name(),
+            self.advertised.name()
+        );
+        if allowed < self.advertised {
+            s += &format!(", capped by PPL_ISA={}", allowed.name());
+        }
+        if self.failed_to_execute() {
+            s += &format!(", {} does not execute", allowed.name());
+        } else if self.used > Isa::Portable {
+            s += ", executes";
+        }
+        s + ")"
+    }
+}
+
+/// The process-wide choice: CPUID, confirmed by running the instructions in a child process
+/// (see [`probe`]), capped by `PPL_ISA` (`portable`, `avx2`, `avx512`); detected once.
+pub fn isa_choice() -> IsaChoice {
     use std::sync::OnceLock;
-    static ISA: OnceLock<Isa> = OnceLock::new();
-    *ISA.get_or_init(|| {
-        let found = advertised();
-        match std::env::var("PPL_ISA")
+    static CHOICE: OnceLock<IsaChoice> = OnceLock::new();
+    *CHOICE.get_or_init(|| {
+        let cap = std::env::var("PPL_ISA")
             .ok()
             .as_deref()
-            .and_then(Isa::parse)
-        {
-            Some(cap) => found.min(cap),
-            None => found,
+            .and_then(Isa::parse);
+        let choice = IsaChoice::choose(advertised(), cap, probe::executes);
+        if choice.failed_to_execute() {
+            tracing::warn!(
+                "CPUID advertises {} but its instructions do not execute here (the probe \
+                 process did not exit cleanly); kernels use {}",
+                choice.allowed().name(),
+                choice.used.name()
+            );
         }
+        choice
     })
 }
 
-/// AVX2 and FMA may be used (see [`isa`]).
+/// The level our kernels run at (see [`isa_choice`]).
+pub fn isa() -> Isa {
+    isa_choice().used
+}
+
+/// AVX2 and FMA may be used (see [`isa`]): the check for a kernel with an AVX2 path only
+/// (the present ones take a level instead, so that tests can run each).
 #[cfg(target_arch = "x86_64")]
+#[allow(dead_code)]
 pub(crate) fn avx2_available() -> bool {
     isa() >= Isa::Avx2
 }
@@ -148,4 +238,311 @@ pub(crate) unsafe fn hsum256(x: std::arch::x86_64::__m256) -> f32 {
     r = _mm_add_ps(r, _mm_movehl_ps(r, r));
     r = _mm_add_ss(r, _mm_movehdup_ps(r));
     _mm_cvtss_f32(r)
+}
+
+/// Helpers of the AVX-512 micro-kernels, which hold two panel rows per zmm register: row `2p`
+/// in lanes 0..8 and row `2p + 1` in lanes 8..16, so each row's eight lanes see exactly the
+/// operations of the AVX2 kernel.
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx512 {
+    use super::panel::PANEL;
+    use std::arch::x86_64::*;
+
+    /// Per register `p`: the permutation spreading row `2p`'s scalar (of eight) over lanes
+    /// 0..8 and row `2p + 1`'s over lanes 8..16.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    pub(crate) unsafe fn pair_spread() -> [__m512i; PANEL / 2] {
+        std::array::from_fn(|p| {
+            let (lo, hi) = (2 * p as i32, 2 * p as i32 + 1);
+            _mm512_setr_epi32(
+                lo, lo, lo, lo, lo, lo, lo, lo, hi, hi, hi, hi, hi, hi, hi, hi,
+            )
+        })
+    }
+
+    /// Each row's eight lanes summed in ggml's `hsum_float_8` order (as [`super::hsum256`]).
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F, AVX2 and FMA.
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub(crate) unsafe fn hsum_pairs(acc: &[__m512; PANEL / 2]) -> [f32; PANEL] {
+        std::array::from_fn(|r| {
+            let v = acc[r / 2];
+            let row = if r % 2 == 0 {
+                _mm512_castps512_ps256(v)
+            } else {
+                _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)))
+            };
+            super::hsum256(row)
+        })
+    }
+}
+
+/// Confirms that an advertised instruction set executes: some machines advertise AVX-512 in
+/// CPUID that traps (SIGILL) when used, so a child process runs a few of the level's
+/// instructions first and only a clean exit counts.
+mod probe {
+    use super::Isa;
+
+    /// Whether `level`'s instructions ran in a child process that then exited cleanly. When
+    /// no verdict could be had (no fork, no exit status), CPUID is trusted for AVX2 (which no
+    /// machine is known to advertise without executing) but not for AVX-512.
+    #[cfg(all(target_arch = "x86_64", unix))]
+    pub(super) fn executes(level: Isa) -> bool {
+        // SAFETY (both closures): they run only in the probe's child, where an instruction
+        // the CPU cannot execute ends the child with SIGILL, the outcome being tested.
+        let child: fn() -> bool = match level {
+            Isa::Portable => || true,
+            Isa::Avx2 => || unsafe { x86::avx2_works() },
+            Isa::Avx512 => || unsafe { x86::avx2_works() && x86::avx512_works() },
+        };
+        match run_child(child, std::time::Duration::from_secs(2)) {
+            Verdict::Clean => true,
+            Verdict::Failed => {
+                tracing::debug!("the {} probe did not exit cleanly", level.name());
+                false
+            }
+            Verdict::Unknown(why) => {
+                let trusted = level <= Isa::Avx2;
+                tracing::warn!(
+                    "could not confirm that {} executes ({why}); {}",
+                    level.name(),
+                    if trusted {
+                        "trusting CPUID"
+                    } else {
+                        "not using it"
+                    }
+                );
+                trusted
+            }
+        }
+    }
+
+    /// How a probe child ended.
+    #[cfg(all(target_arch = "x86_64", unix))]
+    #[derive(Debug, PartialEq, Eq)]
+    pub(super) enum Verdict {
+        /// Returned true and exited with status 0.
+        Clean,
+        /// Killed by a signal (SIGILL), returned false, or still running at the bound.
+        Failed,
+        /// No verdict: the fork or the wait failed.
+        Unknown(&'static str),
+    }
+
+    /// While alive, SIGCHLD is not ignored: an ignored SIGCHLD (or SA_NOCLDWAIT), which a
+    /// process can inherit from its parent, has the kernel reap children before their status
+    /// can be read. Anything else (the default, a handler) is left alone.
+    #[cfg(all(target_arch = "x86_64", unix))]
+    struct ReapableChildren(Option<libc::sigaction>);
+
+    #[cfg(all(target_arch = "x86_64", unix))]
+    impl ReapableChildren {
+        fn ensure() -> Self {
+            // SAFETY: sigaction reads into / from zero-initialised plain-data structs; the
+            // default action installs no handler.
+            unsafe {
+                let mut old: libc::sigaction = std::mem::zeroed();
+                if libc::sigaction(libc::SIGCHLD, std::ptr::null(), &mut old) != 0 {
+                    return ReapableChildren(None);
+                }
+                let ignored =
+                    old.sa_sigaction == libc::SIG_IGN || old.sa_flags & libc::SA_NOCLDWAIT != 0;
+                if !ignored {
+                    return ReapableChildren(None);
+                }
+                let mut default: libc::sigaction = std::mem::zeroed();
+                default.sa_sigaction = libc::SIG_DFL;
+                if libc::sigaction(libc::SIGCHLD, &default, std::ptr::null_mut()) != 0 {
+                    return ReapableChildren(None);
+                }
+                ReapableChildren(Some(old))
+            }
+        }
+    }
+
+    #[cfg(all(target_arch = "x86_64", unix))]
+    impl Drop for ReapableChildren {
+        fn drop(&mut self) {
+            if let Some(old) = &self.0 {
+                // SAFETY: restores the action read in `ensure`.
+                unsafe { libc::sigaction(libc::SIGCHLD, old, std::ptr::null_mut()) };
+            }
+        }
+    }
+
+    /// Runs `child` in a forked process and waits for it at most `bound` (then kills it).
+    #[cfg(all(target_arch = "x86_64", unix))]
+    pub(super) fn run_child(child: fn() -> bool, bound: std::time::Duration) -> Verdict {
+        use std::time::{Duration, Instant};
+        let sigchld = ReapableChildren::ensure();
+        // SAFETY: the child only restores SIGILL's default action, runs `child` (register
+        // work: no allocation, no locks, so forking a multi-threaded process is sound) and
+        // leaves through `_exit`, skipping destructors, atexit handlers and buffered output.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            // SAFETY: in the child, as above.
+            unsafe {
+                libc::signal(libc::SIGILL, libc::SIG_DFL);
+                libc::_exit(if child() { 0 } else { 1 })
+            }
+        }
+        let verdict = if pid < 0 {
+            Verdict::Unknown("fork failed")
+        } else {
+            wait_child(pid, Instant::now() + bound)
+        };
+        drop(sigchld);
+        return verdict;
+
+        fn wait_child(pid: libc::pid_t, deadline: Instant) -> Verdict {
+            let mut status = 0;
+            loop {
+                // SAFETY: `pid` is our child; `status` is a valid out-pointer.
+                let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+                if r == pid {
+                    let clean = libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
+                    return if clean {
+                        Verdict::Clean
+                    } else {
+                        Verdict::Failed
+                    };
+                }
+                let errno = std::io::Error::last_os_error().raw_os_error();
+                if r < 0 && errno != Some(libc::EINTR) {
+                    return Verdict::Unknown("waitpid failed");
+                }
+                if Instant::now() >= deadline {
+                    // SAFETY: our own child, not yet reaped; the blocking wait reaps it.
+                    unsafe {
+                        libc::kill(pid, libc::SIGKILL);
+                        libc::waitpid(pid, &mut status, 0);
+                    }
+                    return Verdict::Failed;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    }
+
+    /// Without `fork`, CPUID is trusted.
+    #[cfg(not(all(target_arch = "x86_64", unix)))]
+    pub(super) fn executes(_level: Isa) -> bool {
+        true
+    }
+
+    #[cfg(all(target_arch = "x86_64", unix))]
+    mod x86 {
+        use std::arch::x86_64::*;
+        use std::hint::black_box;
+
+        /// An FMA, an F16C conversion and an AVX2 integer permute, checked.
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub(super) unsafe fn avx2_works() -> bool {
+            let x = _mm256_set1_ps(black_box(1.5));
+            let f = _mm256_fmadd_ps(x, x, x); // 3.75
+            let h = _mm256_cvtph_ps(_mm256_cvtps_ph::<0>(f));
+            let i = _mm256_permutevar8x32_epi32(_mm256_cvtps_epi32(h), _mm256_set1_epi32(3));
+            black_box(_mm256_extract_epi32::<0>(_mm256_add_epi32(i, i))) == 8
+        }
+
+        /// A zmm `vpdpbusd`, byte-wise (BW) and ymm (VL) operations and opmask logic, checked.
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+        pub(super) unsafe fn avx512_works() -> bool {
+            let u = _mm512_set1_epi8(black_box(3));
+            let s = _mm512_abs_epi8(_mm512_set1_epi8(black_box(-2)));
+            let dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, s); // 4·3·2 per lane
+            let all = _mm512_cmpeq_epi32_mask(dot, _mm512_set1_epi32(24));
+            let narrow = _mm256_dpbusd_epi32(
+                _mm256_setzero_si256(),
+                _mm512_castsi512_si256(u),
+                _mm512_castsi512_si256(s),
+            );
+            let low = _mm256_cmpeq_epi32_mask(narrow, _mm256_set1_epi32(24));
+            black_box(_kand_mask16(all, _mm512_int2mask(low as i32 | 0xFF00))) == 0xFFFF
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_level_is_the_highest_that_executes_under_the_cap() {
+        use Isa::*;
+        let all = |_: Isa| true;
+        assert_eq!(IsaChoice::choose(Avx512, None, all).used, Avx512);
+        assert_eq!(IsaChoice::choose(Avx512, Some(Avx2), all).used, Avx2);
+        assert_eq!(
+            IsaChoice::choose(Avx512, Some(Portable), all).used,
+            Portable
+        );
+        assert_eq!(IsaChoice::choose(Avx2, Some(Avx512), all).used, Avx2);
+        // Advertised AVX-512 that traps: AVX2, said so.
+        let no512 = |l: Isa| l < Avx512;
+        let c = IsaChoice::choose(Avx512, None, no512);
+        assert_eq!(c.used, Avx2);
+        assert!(c.failed_to_execute());
+        assert_eq!(
+            c.summary(),
+            "avx2 (advertised: avx512, avx512 does not execute)"
+        );
+        // A cap below the failing level: nothing failed that was wanted.
+        let c = IsaChoice::choose(Avx512, Some(Avx2), no512);
+        assert_eq!((c.used, c.failed_to_execute()), (Avx2, false));
+        assert_eq!(
+            c.summary(),
+            "avx2 (advertised: avx512, capped by PPL_ISA=avx2, executes)"
+        );
+        // Nothing executes: portable; the portable level is never probed.
+        let c = IsaChoice::choose(Avx512, None, |l| {
+            assert!(l > Portable);
+            false
+        });
+        assert_eq!(c.used, Portable);
+        assert_eq!(
+            IsaChoice::choose(Avx512, None, all).summary(),
+            "avx512 (advertised: avx512, executes)"
+        );
+        assert_eq!(Isa::parse(" AVX512 "), Some(Avx512));
+        assert_eq!(Isa::parse("portable"), Some(Portable));
+        assert_eq!(Isa::parse("sse"), None);
+    }
+
+    #[test]
+    fn the_probe_confirms_at_most_what_is_advertised() {
+        let found = isa_choice();
+        assert!(found.used <= found.advertised);
+        assert_eq!(found.used, isa());
+        // The level chosen (and the ones below it) passes its probe again.
+        for level in [Isa::Avx2, Isa::Avx512] {
+            if level <= found.used {
+                assert!(probe::executes(level), "{level:?}");
+            }
+        }
+    }
+
+    #[cfg(all(target_arch = "x86_64", unix))]
+    #[test]
+    fn the_probe_rejects_a_trapping_failing_or_hanging_child() {
+        use probe::{run_child, Verdict};
+        use std::time::Duration;
+        let bound = Duration::from_millis(300);
+        assert_eq!(run_child(|| true, bound), Verdict::Clean);
+        assert_eq!(run_child(|| false, bound), Verdict::Failed);
+        // SAFETY: `ud2` raises SIGILL in the child, which is what is tested.
+        let trap = || unsafe {
+            std::arch::asm!("ud2");
+            true
+        };
+        assert_eq!(run_child(trap, bound), Verdict::Failed);
+        let hang = || loop {
+            std::hint::spin_loop()
+        };
+        assert_eq!(run_child(hang, bound), Verdict::Failed);
+    }
 }

@@ -97,17 +97,28 @@ impl Panels {
 
 /// One block: its values into `q`, returns `(d, s)`.
 fn quantize_block(x: &[f32], q: &mut [i8; BLOCK]) -> (f32, f32) {
+    quantize_block_with(super::isa(), x, q)
+}
+
+/// [`quantize_block`] at instruction-set level `isa`, lowered to what this process may use
+/// (every level gives the same bits; tests run each).
+pub(crate) fn quantize_block_with(isa: super::Isa, x: &[f32], q: &mut [i8; BLOCK]) -> (f32, f32) {
     #[cfg(target_arch = "x86_64")]
     {
-        if super::avx2_available() {
-            // SAFETY: AVX2 and FMA are present (checked above); `x` holds BLOCK values.
-            return unsafe { avx2::quantize_block(x, q) };
+        match isa.min(super::isa()) {
+            // SAFETY: AVX-512 F/BW/VL were detected and seen to execute; `x` holds BLOCK
+            // values (asserted inside).
+            super::Isa::Avx512 => return unsafe { avx512::quantize_block(x, q) },
+            // SAFETY: AVX2 and FMA were detected and seen to execute.
+            super::Isa::Avx2 => return unsafe { avx2::quantize_block(x, q) },
+            super::Isa::Portable => {}
         }
     }
+    let _ = isa;
     quantize_block_portable(x, q)
 }
 
-/// The scalar definition; the AVX2 version returns the same bits.
+/// The scalar definition; the AVX2 and AVX-512 versions return the same bits.
 pub(crate) fn quantize_block_portable(x: &[f32], q: &mut [i8; BLOCK]) -> (f32, f32) {
     let amax = x.iter().fold(0f32, |a, &v| a.max(v.abs()));
     let d = amax / 127.0;
@@ -228,6 +239,37 @@ mod avx2 {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::BLOCK;
+    use half::f16;
+    use std::arch::x86_64::*;
+
+    /// [`super::quantize_block_portable`] in two zmm registers: the maximum, the rounding
+    /// (to nearest even), the saturating narrowing and the integer sum are exact, so any
+    /// grouping gives the same bits; the scale arithmetic is the same scalar code.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    pub(super) unsafe fn quantize_block(x: &[f32], q: &mut [i8; BLOCK]) -> (f32, f32) {
+        assert_eq!(x.len(), BLOCK);
+        let p = x.as_ptr();
+        let (lo, hi) = (_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16)));
+        let amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
+        let d = amax / 127.0;
+        let id = _mm512_set1_ps(if amax != 0.0 { 127.0 / amax } else { 0.0 });
+        const NEAREST: i32 = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+        let qlo = _mm512_cvt_roundps_epi32::<NEAREST>(_mm512_mul_ps(lo, id));
+        let qhi = _mm512_cvt_roundps_epi32::<NEAREST>(_mm512_mul_ps(hi, id));
+        let sum = _mm512_reduce_add_epi32(_mm512_add_epi32(qlo, qhi));
+        let out = q.as_mut_ptr() as *mut __m128i;
+        _mm_storeu_si128(out, _mm512_cvtsepi32_epi8(qlo));
+        _mm_storeu_si128(out.add(1), _mm512_cvtsepi32_epi8(qhi));
+        (
+            f16::from_f32(d).to_f32(),
+            f16::from_f32(d * sum as f32).to_f32(),
+        )
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -239,14 +281,25 @@ pub(crate) mod tests {
         ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
     }
 
+    /// The instruction-set levels this process may run, each of which a test compares.
+    pub(crate) fn available_isas() -> Vec<super::super::Isa> {
+        use super::super::Isa;
+        let top = super::super::isa();
+        [Isa::Portable, Isa::Avx2, Isa::Avx512]
+            .into_iter()
+            .filter(|&l| l <= top)
+            .collect()
+    }
+
     /// Checks `w`'s matmul of `x [m, k]` against a naive f64 reference (relative 10⁻⁴) and,
-    /// bit for bit, against the format's portable micro-kernel.
+    /// bit for bit, against the format's micro-kernel `at_level` at every available
+    /// instruction-set level (the portable one included).
     pub(crate) fn check_kernel<K: PanelKernel>(
         w: &K,
         x: &[f32],
         m: usize,
         naive: impl Fn(&Panels) -> Vec<f64>,
-        portable: impl Fn(PanelRef<'_>, usize) -> [f32; PANEL],
+        at_level: impl Fn(super::super::Isa, PanelRef<'_>, usize) -> [f32; PANEL],
     ) {
         let (n, k) = w.shape();
         let got = matmul(w, x, m);
@@ -261,12 +314,14 @@ pub(crate) mod tests {
                 );
             }
         }
-        for p in 0..m.div_ceil(PANEL) {
-            for j in 0..n {
-                let portable = portable(a.panel(p), j);
-                for r in 0..PANEL.min(m - p * PANEL) {
-                    let g = got[(p * PANEL + r) * n + j];
-                    assert_eq!(g.to_bits(), portable[r].to_bits(), "({m},{n},{k})");
+        for isa in available_isas() {
+            for p in 0..m.div_ceil(PANEL) {
+                for j in 0..n {
+                    let want = at_level(isa, a.panel(p), j);
+                    for r in 0..PANEL.min(m - p * PANEL) {
+                        let g = got[(p * PANEL + r) * n + j];
+                        assert_eq!(g.to_bits(), want[r].to_bits(), "{isa:?} ({m},{n},{k})");
+                    }
                 }
             }
         }
@@ -287,21 +342,29 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn simd_quantization_equals_the_scalar_definition() {
+    fn every_isa_level_quantizes_as_the_scalar_definition() {
         let mut seed = 11;
-        for scale in [1e-6f32, 0.01, 1.0, 300.0] {
-            for _ in 0..200 {
+        for scale in [1e-6f32, 0.01, 1.0, 300.0, 1e30] {
+            for t in 0..200 {
                 let mut x: Vec<f32> = (0..32).map(|_| lcg(&mut seed) * scale).collect();
                 // Exact ties after scaling: amax 127 makes id 1.
                 x[5] = 127.0 * scale.signum();
                 x[6] = 2.5;
-                let (mut q1, mut q2) = ([0i8; 32], [0i8; 32]);
-                let a = quantize_block(&x, &mut q1);
-                let b = quantize_block_portable(&x, &mut q2);
-                assert_eq!(
-                    (a.0.to_bits(), a.1.to_bits(), q1),
-                    (b.0.to_bits(), b.1.to_bits(), q2)
-                );
+                x[7] = -3.5;
+                if t % 50 == 0 {
+                    x.fill(0.0);
+                }
+                let mut want_q = [0i8; 32];
+                let want = quantize_block_portable(&x, &mut want_q);
+                for isa in available_isas() {
+                    let mut q = [0i8; 32];
+                    let got = quantize_block_with(isa, &x, &mut q);
+                    assert_eq!(
+                        (got.0.to_bits(), got.1.to_bits(), q),
+                        (want.0.to_bits(), want.1.to_bits(), want_q),
+                        "{isa:?}"
+                    );
+                }
             }
         }
     }

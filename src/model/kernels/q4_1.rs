@@ -5,8 +5,9 @@
 //! Float order is fixed per output element and mirrors ggml's AVX2 `vec_dot_q4_1_q8_1`: eight
 //! lanes, lane `l` accumulating `fma(d_w·d_a, Σ_{i<4} q_w[4l+i]·q_a[4l+i], acc_l)` over the
 //! blocks, then `((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7))`, then the `m·s` terms summed in block
-//! order. The portable fallback performs the same operations, so results are bit-identical
-//! with and without AVX2, for any thread count and any number of rows.
+//! order. The AVX-512 path (VNNI, two panel rows per register) and the portable fallback
+//! perform the same operations per lane, so results are bit-identical at every
+//! instruction-set level, for any thread count and any number of rows.
 
 use half::f16;
 
@@ -100,15 +101,30 @@ impl PanelKernel for Q4_1Matrix {
 
     fn panel_row(&self, a: PanelRef<'_>, j: usize) -> [f32; PANEL] {
         let (dm, qs) = self.row(j);
-        #[cfg(target_arch = "x86_64")]
-        {
-            if super::avx2_available() {
-                // SAFETY: AVX2 and FMA are present (checked above).
-                return unsafe { avx2::panel_row(dm, qs, a) };
-            }
-        }
-        panel_row_portable(dm, qs, a)
+        panel_row_with(super::isa(), dm, qs, a)
     }
+}
+
+/// The micro-kernel at instruction-set level `isa`, lowered to what this process may use
+/// (every level gives the same bits; tests run each).
+pub(crate) fn panel_row_with(
+    isa: super::Isa,
+    dm: &[[f32; 2]],
+    qs: &[[u8; 16]],
+    a: PanelRef<'_>,
+) -> [f32; PANEL] {
+    #[cfg(target_arch = "x86_64")]
+    {
+        match isa.min(super::isa()) {
+            // SAFETY: AVX-512 F/BW/VL/VNNI, AVX2 and FMA were detected and seen to execute.
+            super::Isa::Avx512 => return unsafe { avx512::panel_row(dm, qs, a) },
+            // SAFETY: AVX2 and FMA were detected and seen to execute.
+            super::Isa::Avx2 => return unsafe { avx2::panel_row(dm, qs, a) },
+            super::Isa::Portable => {}
+        }
+    }
+    let _ = isa;
+    panel_row_portable(dm, qs, a)
 }
 
 /// The same operations as the AVX2 kernel, one lane at a time.
@@ -182,6 +198,57 @@ mod avx2 {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::super::avx512::{hsum_pairs, pair_spread};
+    use super::super::panel::{PanelRef, PANEL};
+    use std::arch::x86_64::*;
+
+    /// The AVX2 kernel with two panel rows per zmm register (rows `2p`, `2p + 1` in lanes
+    /// 0..8, 8..16) and `vpdpbusd` (unsigned nibbles × signed activations, four products
+    /// summed exactly per i32 lane, as maddubs+madd did) for maddubs+madd; the FMA per lane,
+    /// the `m·s` vector and the final sums are the AVX2 kernel's.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
+    pub(super) unsafe fn panel_row(
+        dm: &[[f32; 2]],
+        qs: &[[u8; 16]],
+        a: PanelRef<'_>,
+    ) -> [f32; PANEL] {
+        let nb = dm.len();
+        assert!(qs.len() == nb && a.qs.len() >= nb * PANEL && a.d.len() >= nb * PANEL);
+        assert!(a.s.len() >= nb * PANEL);
+        let low = _mm256_set1_epi8(0x0F);
+        let zero = _mm512_setzero_si512();
+        let spread = pair_spread();
+        let mut acc = [_mm512_setzero_ps(); PANEL / 2];
+        let mut summs = _mm256_setzero_ps();
+        let (aq, ad, asum) = (a.qs.as_ptr(), a.d.as_ptr(), a.s.as_ptr());
+        for b in 0..nb {
+            // SAFETY (all pointer reads): b < nb and the lengths were asserted above; rows
+            // 2p and 2p + 1 of a block are adjacent 32-byte arrays.
+            let [dw, mw] = *dm.get_unchecked(b);
+            let raw = _mm_loadu_si128(qs.as_ptr().add(b) as *const __m128i);
+            // Low nibbles → bytes 0..16, high nibbles → bytes 16..32, in both halves.
+            let nibbles = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), low);
+            let qw = _mm512_broadcast_i64x4(nibbles);
+            let da = _mm256_loadu_ps(ad.add(b * PANEL));
+            let sa = _mm256_loadu_ps(asum.add(b * PANEL));
+            summs = _mm256_add_ps(summs, _mm256_mul_ps(_mm256_set1_ps(mw), sa));
+            let d = _mm512_castps256_ps512(_mm256_mul_ps(_mm256_set1_ps(dw), da));
+            for (p, acc_p) in acc.iter_mut().enumerate() {
+                let qa = _mm512_loadu_si512(aq.add(b * PANEL + 2 * p) as *const __m512i);
+                let dot = _mm512_dpbusd_epi32(zero, qw, qa);
+                let dp = _mm512_permutexvar_ps(spread[p], d);
+                *acc_p = _mm512_fmadd_ps(dp, _mm512_cvtepi32_ps(dot), *acc_p);
+            }
+        }
+        let mut s = [0f32; PANEL];
+        _mm256_storeu_ps(s.as_mut_ptr(), summs);
+        let sums = hsum_pairs(&acc);
+        std::array::from_fn(|r| sums[r] + s[r])
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::panel::tests::{check_kernel, lcg};
@@ -225,7 +292,7 @@ mod tests {
     }
 
     #[test]
-    fn matches_naive_reference_and_portable_path_bit_for_bit() {
+    fn matches_naive_reference_and_every_isa_level_bit_for_bit() {
         let mut seed = 7;
         for &(m, n, k) in &[
             (1, 1, 32),
@@ -241,9 +308,9 @@ mod tests {
                 &x,
                 m,
                 |a| naive(&w, a, m),
-                |p, j| {
+                |isa, p, j| {
                     let (dm, qs) = w.row(j);
-                    panel_row_portable(dm, qs, p)
+                    panel_row_with(isa, dm, qs, p)
                 },
             );
         }

@@ -1,0 +1,111 @@
+//! The AVX-512 paths of [`super`]: 16-lane versions of the AVX2 score kernel and a weighted
+//! sum of values over a whole query group, each output element computed by the same chain of
+//! operations as the portable definition.
+
+use super::{Head, ValueGroup, KEY_LANES, QUERY_GROUP};
+use std::arch::x86_64::*;
+
+/// The AVX2 `scores` on 16-key zmm vectors: each score is still its own FMA chain over
+/// the head dimension in order. Two vectors (32 keys) per query while the range allows,
+/// so eight independent chains hide the FMA latency as in the AVX2 version.
+#[target_feature(enable = "avx512f,avx2,fma")]
+pub(super) unsafe fn scores(
+    h: &Head<'_>,
+    first: usize,
+    live: usize,
+    keys: std::ops::Range<usize>,
+    scores: &mut [f32],
+) {
+    let (d, cols) = (h.d, h.cols);
+    assert!(keys.end <= cols && keys.start.is_multiple_of(2 * KEY_LANES));
+    assert!((keys.end - keys.start).is_multiple_of(2 * KEY_LANES));
+    assert!(h.q.len() >= (first + live) * d && h.kt.len() >= d * cols);
+    assert!(live <= QUERY_GROUP && scores.len() >= QUERY_GROUP * cols);
+    // Rows past `live` repeat the last query (their scores are not used).
+    let qrow: [*const f32; QUERY_GROUP] =
+        std::array::from_fn(|r| h.q.as_ptr().add((first + r.min(live - 1)) * d));
+    let mut j = keys.start;
+    while j < keys.end {
+        // SAFETY: the asserts above bound every read and write.
+        if j + 4 * KEY_LANES <= keys.end {
+            key_block::<2>(h, &qrow, live, j, scores);
+            j += 4 * KEY_LANES;
+        } else {
+            key_block::<1>(h, &qrow, live, j, scores);
+            j += 2 * KEY_LANES;
+        }
+    }
+}
+
+/// [`super::weighted_values`] 64 columns (four vectors) at a time for the four queries:
+/// sixteen independent FMA chains, and each `v_j` vector loaded once for the group.
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn weighted_values(g: &ValueGroup<'_>, v: &[f32], d: usize, out: &mut [f32]) {
+    for c0 in (0..d).step_by(64) {
+        // SAFETY: c0 + 16·V ≤ d; keys < g.keys.end, whose rows `v` holds (the caller's assert).
+        match (d - c0) / 16 {
+            1 => columns::<1>(g, v, (d, c0), out),
+            2 => columns::<2>(g, v, (d, c0), out),
+            3 => columns::<3>(g, v, (d, c0), out),
+            _ => columns::<4>(g, v, (d, c0), out),
+        }
+    }
+}
+
+/// Output columns `c0..c0 + 16·V` of the group's queries.
+#[target_feature(enable = "avx512f")]
+unsafe fn columns<const V: usize>(
+    g: &ValueGroup<'_>,
+    v: &[f32],
+    (d, c0): (usize, usize),
+    out: &mut [f32],
+) {
+    let mut acc = [[_mm512_setzero_ps(); V]; QUERY_GROUP];
+    for j in g.keys.clone() {
+        let row = v.as_ptr().add(j * d + c0);
+        let vj: [__m512; V] = std::array::from_fn(|c| _mm512_loadu_ps(row.add(16 * c)));
+        for (r, acc_r) in acc.iter_mut().enumerate().take(g.live) {
+            if (g.start[r]..g.end[r]).contains(&j) {
+                let p = _mm512_set1_ps(*g.probs[r].get_unchecked(j - g.start[r]));
+                for (a, x) in acc_r.iter_mut().zip(&vj) {
+                    *a = _mm512_fmadd_ps(p, *x, *a);
+                }
+            }
+        }
+    }
+    for (r, acc_r) in acc.iter().enumerate().take(g.live) {
+        let o = out.as_mut_ptr().add(r * d + c0);
+        for (c, a) in acc_r.iter().enumerate() {
+            _mm512_storeu_ps(o.add(16 * c), *a);
+        }
+    }
+}
+
+/// Scores of the group for the `16·V` keys from `j`.
+#[target_feature(enable = "avx512f")]
+unsafe fn key_block<const V: usize>(
+    h: &Head<'_>,
+    qrow: &[*const f32; QUERY_GROUP],
+    live: usize,
+    j: usize,
+    scores: &mut [f32],
+) {
+    let (d, cols, kt) = (h.d, h.cols, h.kt.as_ptr());
+    let mut acc = [[_mm512_setzero_ps(); V]; QUERY_GROUP];
+    for dd in 0..d {
+        let k: [__m512; V] =
+            std::array::from_fn(|v| _mm512_loadu_ps(kt.add(dd * cols + j + 16 * v)));
+        for (r, acc_r) in acc.iter_mut().enumerate() {
+            let qv = _mm512_set1_ps(*qrow[r].add(dd));
+            for (a, kv) in acc_r.iter_mut().zip(&k) {
+                *a = _mm512_fmadd_ps(qv, *kv, *a);
+            }
+        }
+    }
+    for (r, acc_r) in acc.iter().enumerate().take(live) {
+        let out = scores.as_mut_ptr().add(r * cols + j);
+        for (v, a) in acc_r.iter().enumerate() {
+            _mm512_storeu_ps(out.add(16 * v), *a);
+        }
+    }
+}
