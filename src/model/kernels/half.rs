@@ -32,9 +32,11 @@ pub const PANEL: usize = 8;
 /// Values per chunk: one lane set.
 const LANES: usize = 8;
 /// Bytes of weight rows kept in L2 while every panel of a task passes over them.
-const WEIGHT_BLOCK_BYTES: usize = 192 << 10;
-/// Weight rows per micro-kernel call; a weight block is a multiple of it (AVX2 takes three
-/// rows at a time, AVX-512 four).
+const WEIGHT_BLOCK_BYTES: usize = 384 << 10;
+/// Values of a panel's rows kept in L1 while a block of weight rows passes over them.
+const K_SLICE: usize = 512;
+/// Weight rows are blocked in multiples of this (AVX2 takes three rows at a time, AVX-512
+/// four).
 const ROW_GROUP: usize = 12;
 
 /// Which 16-bit float the weights (and the rounded activations) are.
@@ -177,6 +179,11 @@ impl HalfMatrix {
 
     /// The outputs of panels `ps` × weight rows `cols` into `out` (row-major, `cols.len()`
     /// wide, starting at panel `ps.start`'s first row; rows past the activations absent).
+    ///
+    /// Blocking: a block of weight rows stays in L2 while each panel passes over it, and
+    /// within a panel a slice of [`K_SLICE`] values of its eight rows stays in L1 while every
+    /// weight row of the block passes; the lane sums wait in `acc` between slices (the order
+    /// of each lane's additions is unchanged).
     fn block(
         &self,
         a: &Panels,
@@ -185,68 +192,135 @@ impl HalfMatrix {
         isa: Isa,
         out: &mut [f32],
     ) {
-        let width = cols.len();
+        let (width, chunks) = (cols.len(), self.k / LANES);
         let rows_here = out.len() / width;
+        // At least eight row groups, so that each slice of a panel serves many weight rows
+        // (a block larger than L2 then streams from L3, which keeps up with eight rows'
+        // arithmetic per weight).
         let per_block = (WEIGHT_BLOCK_BYTES / (2 * self.k).max(1))
-            .max(1)
-            .next_multiple_of(ROW_GROUP);
+            .clamp(8 * ROW_GROUP, 16 * ROW_GROUP)
+            / ROW_GROUP
+            * ROW_GROUP;
+        let mut acc = vec![[0f32; PANEL * LANES]; per_block.min(width)];
         for j0 in cols.clone().step_by(per_block) {
             let js = j0..(j0 + per_block).min(cols.end);
+            let w = &self.bits[js.start * self.k..js.end * self.k];
+            let acc = &mut acc[..js.len()];
             for (i, p) in ps.clone().enumerate() {
                 let live = PANEL.min(rows_here - i * PANEL);
-                let mut tile = [[0f32; PANEL]; ROW_GROUP];
-                for g0 in js.clone().step_by(ROW_GROUP) {
-                    let g = g0..(g0 + ROW_GROUP).min(js.end);
-                    self.row_group(a, p, g.clone(), isa, &mut tile);
-                    for (c, res) in tile.iter().enumerate().take(g.len()) {
-                        let col = g.start + c - cols.start;
-                        for (r, v) in res.iter().enumerate().take(live) {
-                            out[(i * PANEL + r) * width + col] = *v;
-                        }
+                acc.iter_mut().for_each(|a| a.fill(0.0));
+                for c0 in (0..chunks).step_by(K_SLICE / LANES) {
+                    let span = c0..(c0 + K_SLICE / LANES).min(chunks);
+                    let job = Job {
+                        kind: self.kind,
+                        w,
+                        k: self.k,
+                        panel: a.panel(p),
+                        chunks: span,
+                        live,
+                    };
+                    accumulate(&job, isa, acc);
+                }
+                let job = Job {
+                    kind: self.kind,
+                    w,
+                    k: self.k,
+                    panel: a.panel(p),
+                    chunks: 0..0,
+                    live,
+                };
+                for (c, lanes) in acc.iter().enumerate() {
+                    let col = js.start + c - cols.start;
+                    let sums = reduce(lanes, isa);
+                    for (r, &sum) in sums.iter().enumerate().take(live) {
+                        out[(i * PANEL + r) * width + col] = job.finish(sum, c, r);
                     }
                 }
             }
         }
     }
+}
 
-    /// Weight rows `g` (at most [`ROW_GROUP`]) against panel `p`: `tile[c][r]`.
-    fn row_group(
-        &self,
-        a: &Panels,
-        p: usize,
-        g: std::ops::Range<usize>,
-        isa: Isa,
-        tile: &mut [[f32; PANEL]; ROW_GROUP],
-    ) {
-        let w = &self.bits[g.start * self.k..g.end * self.k];
-        let panel = a.panel(p);
-        let live = PANEL.min(a.rows - p * PANEL);
-        let tile = &mut tile[..g.len()];
-        #[cfg(target_arch = "x86_64")]
-        {
-            if isa >= Isa::Avx2 {
-                let job = x86::Job {
-                    bf16: self.kind == HalfType::Bf16,
-                    w,
-                    k: self.k,
-                    panel,
-                    live,
-                };
-                // SAFETY: `isa` was capped by what this CPU executes (AVX-512 F/BW/VL on top
-                // of AVX2 + FMA + F16C for `Avx512`).
-                unsafe {
-                    if isa >= Isa::Avx512 {
-                        x86::avx512::row_group(&job, tile)
-                    } else {
-                        x86::avx2::row_group(&job, tile)
-                    }
-                }
-                return;
-            }
+/// One pass of weight rows over a slice of a panel.
+pub(crate) struct Job<'a> {
+    pub kind: HalfType,
+    /// The weight rows, back to back (`k` values each).
+    pub w: &'a [u16],
+    pub k: usize,
+    pub panel: PanelRef<'a>,
+    /// The chunks of eight values this pass adds.
+    pub chunks: std::ops::Range<usize>,
+    /// Rows of the panel that hold activations.
+    pub live: usize,
+}
+
+impl Job<'_> {
+    fn rows(&self) -> usize {
+        self.w.len() / self.k.max(1)
+    }
+
+    /// The output of weight row `c` and panel row `r` from the sum of its lanes: the
+    /// `k mod 8` tail products added one at a time.
+    fn finish(&self, sum: f32, c: usize, r: usize) -> f32 {
+        let tail = self.k % LANES;
+        if tail == 0 {
+            return sum;
         }
-        let _ = isa;
-        for (c, res) in tile.iter_mut().enumerate() {
-            *res = dot_portable(self.kind, &w[c * self.k..][..self.k], panel, live);
+        let w = &self.w[c * self.k + self.k - tail..][..tail];
+        let x = &self.panel.tail[r * tail..][..tail];
+        w.iter()
+            .zip(x)
+            .fold(sum, |s, (&w, &x)| self.kind.widen(w).mul_add(x, s))
+    }
+}
+
+/// The eight panel rows' sums of their lanes, each in ggml's `hsum_float_8` order.
+fn reduce(lanes: &[f32; PANEL * LANES], isa: Isa) -> [f32; PANEL] {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if isa >= Isa::Avx2 {
+            // SAFETY: AVX2 is present (`isa` is capped by detection).
+            return unsafe { x86::avx2::reduce(lanes) };
+        }
+    }
+    let _ = isa;
+    std::array::from_fn(|r| hsum8(lanes[r * LANES..][..LANES].try_into().expect("8 lanes")))
+}
+
+/// Adds the job's chunks into `acc[c][r·8 + l]` (weight row `c`, panel row `r`, lane `l`) at
+/// level `isa`: every level performs the same fused multiply-adds in the same order.
+fn accumulate(job: &Job<'_>, isa: Isa, acc: &mut [[f32; PANEL * LANES]]) {
+    assert!(acc.len() == job.rows() && job.w.len() == job.rows() * job.k);
+    assert!(job.panel.chunks.len() >= job.chunks.end * PANEL * LANES);
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: `isa` was capped by what this CPU executes (AVX-512 F/BW/VL on top of
+        // AVX2 + FMA + F16C for `Avx512`); the lengths were checked above.
+        if isa >= Isa::Avx512 {
+            unsafe { x86::avx512::accumulate(job, acc) };
+            return;
+        }
+        if isa >= Isa::Avx2 {
+            unsafe { x86::avx2::accumulate(job, acc) };
+            return;
+        }
+    }
+    let _ = isa;
+    accumulate_portable(job, acc);
+}
+
+/// The definition, one lane at a time.
+pub(crate) fn accumulate_portable(job: &Job<'_>, acc: &mut [[f32; PANEL * LANES]]) {
+    for (c, acc_c) in acc.iter_mut().enumerate() {
+        let w = &job.w[c * job.k..][..job.k];
+        for r in 0..job.live {
+            for ch in job.chunks.clone() {
+                let x = &job.panel.chunks[(ch * PANEL + r) * LANES..][..LANES];
+                for l in 0..LANES {
+                    let a = &mut acc_c[r * LANES + l];
+                    *a = job.kind.widen(w[ch * LANES + l]).mul_add(x[l], *a);
+                }
+            }
         }
     }
 }
@@ -270,35 +344,6 @@ fn cpu_level() -> Isa {
     }
     #[cfg(not(target_arch = "x86_64"))]
     Isa::Portable
-}
-
-/// The definition (see the module comment): one weight row against the `live` rows of a
-/// panel, one output at a time.
-pub(crate) fn dot_portable(
-    kind: HalfType,
-    w: &[u16],
-    panel: PanelRef<'_>,
-    live: usize,
-) -> [f32; PANEL] {
-    let chunks = w.len() / LANES;
-    std::array::from_fn(|r| {
-        if r >= live {
-            return 0.0;
-        }
-        let mut acc = [0f32; LANES];
-        for c in 0..chunks {
-            let x = &panel.chunks[(c * PANEL + r) * LANES..][..LANES];
-            for l in 0..LANES {
-                acc[l] = kind.widen(w[c * LANES + l]).mul_add(x[l], acc[l]);
-            }
-        }
-        let mut s = hsum8(&acc);
-        let tail = &w[chunks * LANES..];
-        for (t, &wt) in tail.iter().enumerate() {
-            s = kind.widen(wt).mul_add(panel.tail[r * tail.len() + t], s);
-        }
-        s
-    })
 }
 
 impl super::OwnMatrix for HalfMatrix {

@@ -225,7 +225,7 @@ fn throughput_against_candles_f32_gemm() {
         for kind in [HalfType::F16, HalfType::Bf16] {
             let w = HalfMatrix::from_bytes(kind, &random_bytes(kind, n, k, &mut seed), n, k)
                 .expect("layout");
-            let mut ours = |isa: Isa| {
+            let ours = |isa: Isa| {
                 pool.install(|| {
                     time(&mut || {
                         std::hint::black_box(w.matmul_at(&x, m, isa));

@@ -1,54 +1,18 @@
-//! The x86 micro-kernels of [`super`]: each performs the module's defined operations per
-//! output lane (the same fused multiply-adds in the same order as
-//! [`super::dot_portable`]), only several outputs at a time.
+//! The x86 micro-kernels of [`super`]: each performs [`super::accumulate_portable`]'s fused
+//! multiply-adds in the same order per lane, only several lanes and outputs at a time. The
+//! lane sums of weight row `c` live in `acc[c]` as `[panel row][8 lanes]`, which is also one
+//! 512-bit register per pair of panel rows.
 
-use super::{PanelRef, LANES, PANEL};
+use super::{Job, LANES, PANEL};
 
-/// One call's operands: `w` holds the group's weight rows back to back (`k` values each).
-pub(super) struct Job<'a> {
-    pub bf16: bool,
-    pub w: &'a [u16],
-    pub k: usize,
-    pub panel: PanelRef<'a>,
-    /// Rows of the panel that hold activations.
-    pub live: usize,
-}
-
-impl Job<'_> {
-    /// Adds the `k mod 8` tail products of weight row `c` and panel row `r` to `s` (the
-    /// definition's last step), one at a time.
-    #[inline]
-    fn finish(&self, s: f32, c: usize, r: usize) -> f32 {
-        let tail = self.k % LANES;
-        if tail == 0 {
-            return s;
-        }
-        let kind = if self.bf16 {
-            super::HalfType::Bf16
-        } else {
-            super::HalfType::F16
-        };
-        let w = &self.w[c * self.k + self.k - tail..][..tail];
-        let x = &self.panel.tail[r * tail..][..tail];
-        w.iter()
-            .zip(x)
-            .fold(s, |s, (&w, &x)| kind.widen(w).mul_add(x, s))
-    }
-
-    fn check(&self, groups: usize) {
-        assert!(self.w.len() == groups * self.k);
-        assert!(self.panel.chunks.len() >= self.k / LANES * PANEL * LANES);
-        assert!(self.panel.tail.len() >= PANEL * (self.k % LANES));
-    }
-}
+/// Lane sums of one weight row against the eight panel rows.
+type Lanes = [f32; PANEL * LANES];
 
 pub(super) mod avx2 {
-    use super::super::{LANES, PANEL};
-    use super::super::super::hsum256;
-    use super::Job;
+    use super::{Job, Lanes, LANES, PANEL};
     use std::arch::x86_64::*;
 
-    /// Panel rows per register tile (the panel is two halves).
+    /// Panel rows per register tile (a panel is two halves).
     const ROWS: usize = 4;
 
     /// Eight weights widened to f32: F16 by the F16C conversion, BF16 by a 16-bit shift.
@@ -63,75 +27,99 @@ pub(super) mod avx2 {
         }
     }
 
-    /// `C` weight rows (from `w`, `k` apart) × four panel rows (from `x`) over `chunks`
-    /// chunks: `acc[r][c]` holds the eight lane sums.
+    /// `C` weight rows from row `c0` × panel rows `4h..4h+4` over the job's chunks.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn tile<const BF16: bool, const C: usize>(
-        w: *const u16,
-        k: usize,
-        x: *const f32,
-        chunks: usize,
-    ) -> [[__m256; C]; ROWS] {
-        let mut acc = [[_mm256_setzero_ps(); C]; ROWS];
-        let mut wv = [_mm256_setzero_ps(); C];
-        for c in 0..chunks {
-            for (i, v) in wv.iter_mut().enumerate() {
-                *v = widen8::<BF16>(w.add(i * k + c * LANES));
-            }
-            for (r, acc_r) in acc.iter_mut().enumerate() {
-                let xv = _mm256_loadu_ps(x.add((c * PANEL + r) * LANES));
-                for (a, v) in acc_r.iter_mut().zip(&wv) {
-                    *a = _mm256_fmadd_ps(*v, xv, *a);
-                }
-            }
-        }
-        acc
-    }
-
-    /// Weight rows `c0..c0+C` of the job into `out[c][..]`.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn group<const BF16: bool, const C: usize>(
         job: &Job<'_>,
         c0: usize,
-        out: &mut [[f32; PANEL]],
+        h: usize,
+        acc: &mut [Lanes],
     ) {
-        let chunks = job.k / LANES;
-        let w = job.w.as_ptr().add(c0 * job.k);
-        for half in 0..job.live.div_ceil(ROWS) {
-            let x = job.panel.chunks.as_ptr().add(half * ROWS * LANES);
-            let acc = tile::<BF16, C>(w, job.k, x, chunks);
-            for (r, acc_r) in acc.iter().enumerate() {
-                let row = half * ROWS + r;
-                for (c, a) in acc_r.iter().enumerate() {
-                    out[c0 + c][row] = job.finish(hsum256(*a), c0 + c, row);
+        let (k, w) = (job.k, job.w.as_ptr().add(c0 * job.k));
+        let x = job.panel.chunks.as_ptr().add(h * ROWS * LANES);
+        let mut sums = [[_mm256_setzero_ps(); C]; ROWS];
+        for (r, sums_r) in sums.iter_mut().enumerate() {
+            for (c, s) in sums_r.iter_mut().enumerate() {
+                *s = _mm256_loadu_ps(acc[c0 + c].as_ptr().add((h * ROWS + r) * LANES));
+            }
+        }
+        let mut wv = [_mm256_setzero_ps(); C];
+        for ch in job.chunks.clone() {
+            for (i, v) in wv.iter_mut().enumerate() {
+                *v = widen8::<BF16>(w.add(i * k + ch * LANES));
+            }
+            for (r, sums_r) in sums.iter_mut().enumerate() {
+                let xv = _mm256_loadu_ps(x.add((ch * PANEL + r) * LANES));
+                for (s, v) in sums_r.iter_mut().zip(&wv) {
+                    *s = _mm256_fmadd_ps(*v, xv, *s);
                 }
+            }
+        }
+        for (r, sums_r) in sums.iter().enumerate() {
+            for (c, s) in sums_r.iter().enumerate() {
+                _mm256_storeu_ps(acc[c0 + c].as_mut_ptr().add((h * ROWS + r) * LANES), *s);
             }
         }
     }
 
-    /// Every weight row of the job against the panel: `out[c][r]`.
+    /// Every weight row of the job, three at a time, over the panel's live halves.
     ///
     /// # Safety
-    /// The CPU must support AVX2, FMA and F16C.
+    /// The CPU must support AVX2, FMA and F16C; `acc` holds one entry per weight row and the
+    /// panel the job's chunks (checked by the caller).
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(in super::super) unsafe fn row_group(job: &Job<'_>, out: &mut [[f32; PANEL]]) {
-        let rows = out.len();
-        job.check(rows);
-        let mut c0 = 0;
-        while c0 < rows {
-            // SAFETY: rows c0.. exist (checked lengths above).
-            match (job.bf16, rows - c0) {
-                (false, 3..) => group::<false, 3>(job, c0, out),
-                (true, 3..) => group::<true, 3>(job, c0, out),
-                (false, 2) => group::<false, 2>(job, c0, out),
-                (true, 2) => group::<true, 2>(job, c0, out),
-                (false, _) => group::<false, 1>(job, c0, out),
-                (true, _) => group::<true, 1>(job, c0, out),
+    pub(in super::super) unsafe fn accumulate(job: &Job<'_>, acc: &mut [Lanes]) {
+        let rows = acc.len();
+        let bf16 = job.kind == super::super::HalfType::Bf16;
+        for h in 0..job.live.div_ceil(ROWS) {
+            let mut c0 = 0;
+            while c0 < rows {
+                match (bf16, rows - c0) {
+                    (false, 3..) => tile::<false, 3>(job, c0, h, acc),
+                    (true, 3..) => tile::<true, 3>(job, c0, h, acc),
+                    (false, 2) => tile::<false, 2>(job, c0, h, acc),
+                    (true, 2) => tile::<true, 2>(job, c0, h, acc),
+                    (false, _) => tile::<false, 1>(job, c0, h, acc),
+                    (true, _) => tile::<true, 1>(job, c0, h, acc),
+                }
+                c0 += (rows - c0).min(3);
             }
-            c0 += (rows - c0).min(3);
         }
+    }
+
+    /// The sums of the eight rows of lanes, each as ggml's `hsum_float_8` orders it
+    /// (`((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7))`), eight rows at once: the same additions as
+    /// the scalar order, transposed.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(in super::super) unsafe fn reduce(lanes: &Lanes) -> [f32; PANEL] {
+        let v: [__m256; PANEL] =
+            std::array::from_fn(|r| _mm256_loadu_ps(lanes.as_ptr().add(r * LANES)));
+        // [a0+a4, a1+a5, a2+a6, a3+a7] of rows r and r+1 in the two 128-bit halves.
+        let fold = |a: __m256, b: __m256| {
+            _mm256_add_ps(
+                _mm256_permute2f128_ps::<0x20>(a, b),
+                _mm256_permute2f128_ps::<0x31>(a, b),
+            )
+        };
+        let (t01, t23, t45, t67) = (fold(v[0], v[1]), fold(v[2], v[3]), fold(v[4], v[5]), fold(v[6], v[7]));
+        // [(a0+a4)+(a2+a6), (a1+a5)+(a3+a7)] of rows (0, 2 | 1, 3) and (4, 6 | 5, 7).
+        let pair = |a: __m256, b: __m256| {
+            _mm256_add_ps(_mm256_shuffle_ps::<0x44>(a, b), _mm256_shuffle_ps::<0xEE>(a, b))
+        };
+        let (s03, s47) = (pair(t01, t23), pair(t45, t67));
+        // The two halves added: rows (0, 2, 4, 6 | 1, 3, 5, 7).
+        let sums = _mm256_add_ps(
+            _mm256_shuffle_ps::<0x88>(s03, s47),
+            _mm256_shuffle_ps::<0xDD>(s03, s47),
+        );
+        let ordered = _mm256_permutevar8x32_ps(sums, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        let mut out = [0f32; PANEL];
+        _mm256_storeu_ps(out.as_mut_ptr(), ordered);
+        out
     }
 
     /// Eight values rounded to F16 or BF16 (nearest even; NaNs made quiet), as f32: the same
@@ -163,13 +151,11 @@ pub(super) mod avx2 {
 }
 
 pub(super) mod avx512 {
-    use super::super::{LANES, PANEL};
-    use super::super::super::hsum256;
-    use super::Job;
+    use super::{Job, Lanes, LANES, PANEL};
     use std::arch::x86_64::*;
 
-    /// Pairs of panel rows per register tile: each 512-bit accumulator holds row `2q`'s eight
-    /// lanes in its low half and row `2q+1`'s in its high half.
+    /// Pairs of panel rows: register `q` holds row `2q`'s eight lanes in its low half and row
+    /// `2q+1`'s in its high half.
     const PAIRS: usize = PANEL / 2;
 
     /// Eight weights widened to f32, in both halves of the register.
@@ -184,69 +170,57 @@ pub(super) mod avx512 {
         }
     }
 
-    /// `C` weight rows × the eight panel rows over `chunks` chunks.
+    /// `C` weight rows from row `c0` × the eight panel rows over the job's chunks.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-    unsafe fn tile<const BF16: bool, const C: usize>(
-        w: *const u16,
-        k: usize,
-        x: *const f32,
-        chunks: usize,
-    ) -> [[__m512; C]; PAIRS] {
-        let mut acc = [[_mm512_setzero_ps(); C]; PAIRS];
-        let mut wv = [_mm512_setzero_ps(); C];
-        for c in 0..chunks {
-            for (i, v) in wv.iter_mut().enumerate() {
-                *v = widen8x2::<BF16>(w.add(i * k + c * LANES));
+    unsafe fn tile<const BF16: bool, const C: usize>(job: &Job<'_>, c0: usize, acc: &mut [Lanes]) {
+        let (k, w) = (job.k, job.w.as_ptr().add(c0 * job.k));
+        let x = job.panel.chunks.as_ptr();
+        let mut sums = [[_mm512_setzero_ps(); C]; PAIRS];
+        for (q, sums_q) in sums.iter_mut().enumerate() {
+            for (c, s) in sums_q.iter_mut().enumerate() {
+                *s = _mm512_loadu_ps(acc[c0 + c].as_ptr().add(2 * q * LANES));
             }
-            for (q, acc_q) in acc.iter_mut().enumerate() {
-                let xv = _mm512_loadu_ps(x.add((c * PANEL + 2 * q) * LANES));
-                for (a, v) in acc_q.iter_mut().zip(&wv) {
-                    *a = _mm512_fmadd_ps(*v, xv, *a);
+        }
+        let mut wv = [_mm512_setzero_ps(); C];
+        for ch in job.chunks.clone() {
+            for (i, v) in wv.iter_mut().enumerate() {
+                *v = widen8x2::<BF16>(w.add(i * k + ch * LANES));
+            }
+            for (q, sums_q) in sums.iter_mut().enumerate() {
+                let xv = _mm512_loadu_ps(x.add((ch * PANEL + 2 * q) * LANES));
+                for (s, v) in sums_q.iter_mut().zip(&wv) {
+                    *s = _mm512_fmadd_ps(*v, xv, *s);
                 }
             }
         }
-        acc
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-    unsafe fn group<const BF16: bool, const C: usize>(
-        job: &Job<'_>,
-        c0: usize,
-        out: &mut [[f32; PANEL]],
-    ) {
-        let w = job.w.as_ptr().add(c0 * job.k);
-        let acc = tile::<BF16, C>(w, job.k, job.panel.chunks.as_ptr(), job.k / LANES);
-        for (q, acc_q) in acc.iter().enumerate().take(job.live.div_ceil(2)) {
-            for (c, a) in acc_q.iter().enumerate() {
-                let low = _mm512_castps512_ps256(*a);
-                let high = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(*a)));
-                out[c0 + c][2 * q] = job.finish(hsum256(low), c0 + c, 2 * q);
-                out[c0 + c][2 * q + 1] = job.finish(hsum256(high), c0 + c, 2 * q + 1);
+        for (q, sums_q) in sums.iter().enumerate() {
+            for (c, s) in sums_q.iter().enumerate() {
+                _mm512_storeu_ps(acc[c0 + c].as_mut_ptr().add(2 * q * LANES), *s);
             }
         }
     }
 
-    /// Every weight row of the job against the panel: `out[c][r]`.
+    /// Every weight row of the job, four at a time, over the whole panel.
     ///
     /// # Safety
-    /// The CPU must support AVX-512 F/BW/VL, AVX2, FMA and F16C.
+    /// The CPU must support AVX-512 F/BW/VL, AVX2, FMA and F16C; `acc` holds one entry per
+    /// weight row and the panel the job's chunks (checked by the caller).
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-    pub(in super::super) unsafe fn row_group(job: &Job<'_>, out: &mut [[f32; PANEL]]) {
-        let rows = out.len();
-        job.check(rows);
+    pub(in super::super) unsafe fn accumulate(job: &Job<'_>, acc: &mut [Lanes]) {
+        let rows = acc.len();
+        let bf16 = job.kind == super::super::HalfType::Bf16;
         let mut c0 = 0;
         while c0 < rows {
-            match (job.bf16, rows - c0) {
-                (false, 4..) => group::<false, 4>(job, c0, out),
-                (true, 4..) => group::<true, 4>(job, c0, out),
-                (false, 3) => group::<false, 3>(job, c0, out),
-                (true, 3) => group::<true, 3>(job, c0, out),
-                (false, 2) => group::<false, 2>(job, c0, out),
-                (true, 2) => group::<true, 2>(job, c0, out),
-                (false, _) => group::<false, 1>(job, c0, out),
-                (true, _) => group::<true, 1>(job, c0, out),
+            match (bf16, rows - c0) {
+                (false, 4..) => tile::<false, 4>(job, c0, acc),
+                (true, 4..) => tile::<true, 4>(job, c0, acc),
+                (false, 3) => tile::<false, 3>(job, c0, acc),
+                (true, 3) => tile::<true, 3>(job, c0, acc),
+                (false, 2) => tile::<false, 2>(job, c0, acc),
+                (true, 2) => tile::<true, 2>(job, c0, acc),
+                (false, _) => tile::<false, 1>(job, c0, acc),
+                (true, _) => tile::<true, 1>(job, c0, acc),
             }
             c0 += (rows - c0).min(4);
         }
