@@ -12,7 +12,13 @@ use predicates::str::contains;
 fn export(dtype: &str, dir: &Path) -> PathBuf {
     let out = dir.join(format!("{dtype}.gguf"));
     common::ppl_cmd()
-        .args(["export", &common::model().display().to_string(), "--dtype", dtype, "-o"])
+        .args([
+            "export",
+            &common::model().display().to_string(),
+            "--dtype",
+            dtype,
+            "-o",
+        ])
         .arg(&out)
         .assert()
         .success()

@@ -1326,7 +1326,12 @@ fn own_table(embd: &QTensor, kernels: Kernels) -> Result<Option<Arc<dyn OwnMatri
     if kernels != Kernels::Own || !matches!(embd.dtype(), GgmlDType::F16 | GgmlDType::BF16) {
         return Ok(None);
     }
-    let own = Linear::own(embd.dtype(), &embd.data()?, embd.shape().dims(), "token_embd.weight")?;
+    let own = Linear::own(
+        embd.dtype(),
+        &embd.data()?,
+        embd.shape().dims(),
+        "token_embd.weight",
+    )?;
     Ok(own.and_then(|l| match l {
         Linear::Own(m) => Some(m),
         Linear::Candle(_) => None,

@@ -30,7 +30,8 @@ fn naive(w: &HalfMatrix, x: &[f32], m: usize) -> Vec<(f64, f64)> {
         for j in 0..n {
             let (mut s, mut mag) = (0f64, 0f64);
             for e in 0..k {
-                let p = w.kind.widen(w.bits[j * k + e]) as f64 * w.kind.round(x[row * k + e]) as f64;
+                let p =
+                    w.kind.widen(w.bits[j * k + e]) as f64 * w.kind.round(x[row * k + e]) as f64;
                 s += p;
                 mag += p.abs();
             }
@@ -130,7 +131,11 @@ fn activations_round_as_ggml_does() {
                 let mut dst = [0f32; 8];
                 round8(kind, src, &mut dst, isa);
                 for (d, &s) in dst.iter().zip(src) {
-                    assert_eq!(d.to_bits(), kind.round(s).to_bits(), "{kind:?} {isa:?} {s:e}");
+                    assert_eq!(
+                        d.to_bits(),
+                        kind.round(s).to_bits(),
+                        "{kind:?} {isa:?} {s:e}"
+                    );
                 }
             }
         }
@@ -178,13 +183,20 @@ fn dequantized_rows_equal_candles_dequantization() {
     use candle_core::Device;
     let mut seed = 29;
     let (n, k) = (3, 40);
-    for (kind, dtype) in [(HalfType::F16, GgmlDType::F16), (HalfType::Bf16, GgmlDType::BF16)] {
+    for (kind, dtype) in [
+        (HalfType::F16, GgmlDType::F16),
+        (HalfType::Bf16, GgmlDType::BF16),
+    ] {
         let bytes = random_bytes(kind, n, k, &mut seed);
         let w = HalfMatrix::from_bytes(kind, &bytes, n, k).expect("layout");
         let storage =
             QStorage::from_data(std::borrow::Cow::Borrowed(&bytes), &Device::Cpu, dtype).unwrap();
         let q = QTensor::new(storage, (n, k)).unwrap();
-        let want = q.dequantize(&Device::Cpu).unwrap().to_vec2::<f32>().unwrap();
+        let want = q
+            .dequantize(&Device::Cpu)
+            .unwrap()
+            .to_vec2::<f32>()
+            .unwrap();
         for (j, want) in want.iter().enumerate() {
             let mut row = vec![0f32; k];
             w.dequantize_row(j, &mut row);
@@ -219,7 +231,12 @@ fn throughput_against_candles_f32_gemm() {
         }
         t.elapsed().as_secs_f64() / reps as f64
     };
-    for &(m, n, k) in &[(512, 8192, 2048), (512, 2048, 8192), (512, 2048, 2048), (64, 2048, 2048)] {
+    for &(m, n, k) in &[
+        (512, 8192, 2048),
+        (512, 2048, 8192),
+        (512, 2048, 2048),
+        (64, 2048, 2048),
+    ] {
         let x = random_x(m * k, &mut seed);
         let flops = 2.0 * (m * n * k) as f64;
         for kind in [HalfType::F16, HalfType::Bf16] {

@@ -105,10 +105,18 @@ pub(super) mod avx2 {
                 _mm256_permute2f128_ps::<0x31>(a, b),
             )
         };
-        let (t01, t23, t45, t67) = (fold(v[0], v[1]), fold(v[2], v[3]), fold(v[4], v[5]), fold(v[6], v[7]));
+        let (t01, t23, t45, t67) = (
+            fold(v[0], v[1]),
+            fold(v[2], v[3]),
+            fold(v[4], v[5]),
+            fold(v[6], v[7]),
+        );
         // [(a0+a4)+(a2+a6), (a1+a5)+(a3+a7)] of rows (0, 2 | 1, 3) and (4, 6 | 5, 7).
         let pair = |a: __m256, b: __m256| {
-            _mm256_add_ps(_mm256_shuffle_ps::<0x44>(a, b), _mm256_shuffle_ps::<0xEE>(a, b))
+            _mm256_add_ps(
+                _mm256_shuffle_ps::<0x44>(a, b),
+                _mm256_shuffle_ps::<0xEE>(a, b),
+            )
         };
         let (s03, s47) = (pair(t01, t23), pair(t45, t67));
         // The two halves added: rows (0, 2, 4, 6 | 1, 3, 5, 7).
@@ -137,10 +145,7 @@ pub(super) mod avx2 {
             let bias = _mm256_add_epi32(_mm256_set1_epi32(0x7fff), odd);
             let high = _mm256_set1_epi32(0xffff_0000u32 as i32);
             let rounded = _mm256_and_si256(_mm256_add_epi32(u, bias), high);
-            let quiet = _mm256_or_si256(
-                _mm256_and_si256(u, high),
-                _mm256_set1_epi32(0x0040_0000),
-            );
+            let quiet = _mm256_or_si256(_mm256_and_si256(u, high), _mm256_set1_epi32(0x0040_0000));
             let nan = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_UNORD_Q>(v, v));
             _mm256_castsi256_ps(_mm256_blendv_epi8(rounded, quiet, nan))
         } else {

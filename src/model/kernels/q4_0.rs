@@ -144,7 +144,9 @@ pub(crate) fn panel_row_portable(d: &[u16], qs: &[[u8; 16]], a: PanelRef<'_>) ->
             let qa = &a.qs[i];
             let scale = f16::from_bits(dw).to_f32() * a.d[i];
             for (l, acc_l) in acc.iter_mut().enumerate() {
-                let xy: i32 = (4 * l..4 * l + 4).map(|e| weight(q, e) * qa[e] as i32).sum();
+                let xy: i32 = (4 * l..4 * l + 4)
+                    .map(|e| weight(q, e) * qa[e] as i32)
+                    .sum();
                 *acc_l = scale.mul_add(xy as f32, *acc_l);
             }
         }
@@ -356,7 +358,9 @@ mod tests {
         let (n, k) = (2, 64);
         let mut bytes = Vec::new();
         for b in 0..n * k / BLOCK {
-            bytes.extend_from_slice(&f16::from_f32(if b % 2 == 0 { 1.0 } else { -3.5 }).to_le_bytes());
+            bytes.extend_from_slice(
+                &f16::from_f32(if b % 2 == 0 { 1.0 } else { -3.5 }).to_le_bytes(),
+            );
             bytes.extend_from_slice(&[if b % 2 == 0 { 0x00 } else { 0xF0 }; 16]);
         }
         let w = Q4_0Matrix::from_bytes(&bytes, n, k).expect("layout");
@@ -384,11 +388,18 @@ mod tests {
         let bytes = random_q4_0(n, k, &mut seed);
         let w = Q4_0Matrix::from_bytes(&bytes, n, k).expect("layout");
         assert_eq!(w.storage_bytes(), bytes.len());
-        let storage =
-            QStorage::from_data(std::borrow::Cow::Borrowed(&bytes), &Device::Cpu, GgmlDType::Q4_0)
-                .unwrap();
+        let storage = QStorage::from_data(
+            std::borrow::Cow::Borrowed(&bytes),
+            &Device::Cpu,
+            GgmlDType::Q4_0,
+        )
+        .unwrap();
         let q = QTensor::new(storage, (n, k)).unwrap();
-        let want = q.dequantize(&Device::Cpu).unwrap().to_vec2::<f32>().unwrap();
+        let want = q
+            .dequantize(&Device::Cpu)
+            .unwrap()
+            .to_vec2::<f32>()
+            .unwrap();
         for (j, want) in want.iter().enumerate() {
             let mut row = vec![0f32; k];
             w.dequantize_row(j, &mut row);
