@@ -408,6 +408,54 @@ mod tests {
         }
     }
 
+    /// Throughput against candle's Q4_0 matmul on the same blocks: `cargo test --release
+    /// --lib kernels::q4_0::tests::throughput -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn throughput_against_candles_q4_0_matmul() {
+        use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor};
+        use candle_core::{Device, Module, Tensor};
+        let mut seed = 1;
+        for &(m, n, k) in &[(512, 8192, 2048), (512, 2048, 8192)] {
+            let bytes = random_q4_0(n, k, &mut seed);
+            let w = Q4_0Matrix::from_bytes(&bytes, n, k).expect("layout");
+            let x: Vec<f32> = (0..m * k).map(|_| lcg(&mut seed)).collect();
+            let storage = QStorage::from_data(
+                std::borrow::Cow::Borrowed(&bytes),
+                &Device::Cpu,
+                GgmlDType::Q4_0,
+            )
+            .unwrap();
+            let q = QMatMul::from_arc(std::sync::Arc::new(QTensor::new(storage, (n, k)).unwrap()))
+                .unwrap();
+            let xt = Tensor::from_vec(x.clone(), (m, k), &Device::Cpu).unwrap();
+            let time = |f: &dyn Fn()| {
+                f();
+                let t = std::time::Instant::now();
+                for _ in 0..3 {
+                    f();
+                }
+                t.elapsed().as_secs_f64() / 3.0
+            };
+            let ours = time(&|| {
+                std::hint::black_box(w.matmul(&x, m));
+            });
+            let theirs = time(&|| {
+                std::hint::black_box(q.forward(&xt).unwrap());
+            });
+            let flops = 2.0 * (m * n * k) as f64;
+            println!(
+                "Q4_0 m={m} [{n} x {k}] {} threads ({}): ours {:.1} GFLOP/s, candle {:.1}; \
+                 speed-up {:.2}x",
+                rayon::current_num_threads(),
+                super::super::isa().name(),
+                flops / ours / 1e9,
+                flops / theirs / 1e9,
+                theirs / ours
+            );
+        }
+    }
+
     #[test]
     fn rows_do_not_depend_on_their_neighbours() {
         let mut seed = 3;
