@@ -35,6 +35,9 @@ const LANES: usize = 8;
 const WEIGHT_BLOCK_BYTES: usize = 384 << 10;
 /// Values of a panel's rows kept in L1 while a block of weight rows passes over them.
 const K_SLICE: usize = 512;
+/// Below this many panels per thread, the threads split the weight rows rather than the
+/// panels (a split of few panels leaves threads idle).
+const PANELS_PER_THREAD: usize = 8;
 /// Weight rows are blocked in multiples of this (AVX2 takes three rows at a time, AVX-512
 /// four).
 const ROW_GROUP: usize = 12;
@@ -142,7 +145,7 @@ impl HalfMatrix {
         let a = Panels::pack(self.kind, x, m, k, isa);
         let panels = a.panels();
         let threads = rayon::current_num_threads().max(1);
-        if panels >= threads {
+        if panels >= PANELS_PER_THREAD * threads {
             // One contiguous run of panels per thread: each streams the weights through its
             // cache once per weight block.
             let per_task = panels.div_ceil(threads);
@@ -154,7 +157,8 @@ impl HalfMatrix {
                     self.block(&a, first..first + count, 0..n, isa, out);
                 });
         } else {
-            // Few rows: the threads split the weight rows instead.
+            // Few rows: the threads split the weight rows instead (evenly, whatever the number
+            // of panels).
             let per_task = n.div_ceil(threads).next_multiple_of(ROW_GROUP);
             let parts: Vec<(usize, Vec<f32>)> = (0..n)
                 .step_by(per_task)
