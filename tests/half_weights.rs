@@ -1,6 +1,7 @@
 //! F16 and BF16 models in `native` precision hold their matrices 16-bit (the file's bytes), as
 //! the model reports (`Llama::weights_bytes`), the memory planner predicts (`ppl inspect`,
-//! results.json `memory`), and evaluate close to their f32 evaluation.
+//! results.json `memory`), and evaluate close to their f32 evaluation; an untied 16-bit
+//! embedding table stays 16-bit too.
 
 mod common;
 
@@ -97,4 +98,39 @@ fn a_16_bit_model_is_held_16_bit_in_native_precision() {
             f32_eval.ppl
         );
     }
+}
+
+#[test]
+fn an_untied_16_bit_embedding_table_stays_16_bit() {
+    let dir = tempfile::tempdir().unwrap();
+    let tied = export("f16", dir.path());
+    // The same model with an output layer of its own: a copy of the embedding table.
+    let mut g = GgufFile::open(&tied).unwrap();
+    let mut output = g.tensors["token_embd.weight"].clone();
+    output.name = "output.weight".into();
+    g.tensors.insert(output.name.clone(), output);
+    let untied = dir.path().join("untied.gguf");
+    ppl::model::gguf_write::write(
+        &g,
+        &untied,
+        &ppl::model::gguf_write::Conversion::Float(candle_core::quantized::GgmlDType::F16),
+    )
+    .unwrap();
+    let g = GgufFile::open(&untied).unwrap();
+    assert!(g.tensors.contains_key("output.weight"));
+    let want = file_matrix_bytes(&g);
+    let model = Llama::from_gguf(&g, Precision::Native).unwrap();
+    assert!(!model.config.tied_embeddings);
+    let held = model.weights_bytes();
+    assert!(
+        (held as f64 / want as f64 - 1.0).abs() < 0.01,
+        "holds {held} bytes, the file's matrices take {want}"
+    );
+    drop(model);
+    // The table's rows are decoded exactly, so both files give the same numbers.
+    let args = ["--ctx", "128", "--chunks", "1"];
+    common::assert_same_numbers(
+        &common::eval_model(&tied, &args),
+        &common::eval_model(&untied, &args),
+    );
 }
