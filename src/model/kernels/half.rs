@@ -90,7 +90,7 @@ pub struct HalfMatrix {
 impl HalfMatrix {
     /// From the little-endian bytes of a `[n, k]` GGUF F16 or BF16 tensor.
     pub fn from_bytes(kind: HalfType, bytes: &[u8], n: usize, k: usize) -> Option<Self> {
-        if n.checked_mul(k)?.checked_mul(2)? != bytes.len() {
+        if k == 0 || n.checked_mul(k)?.checked_mul(2)? != bytes.len() {
             return None;
         }
         let bits = bytes

@@ -176,6 +176,7 @@ fn malformed_layouts_are_refused() {
     assert!(HalfMatrix::from_bytes(HalfType::F16, &[0; 10], 2, 3).is_none());
     assert!(HalfMatrix::from_bytes(HalfType::Bf16, &[0; 12], 2, 3).is_some());
     assert!(HalfMatrix::from_bytes(HalfType::F16, &[], usize::MAX, 3).is_none());
+    assert!(HalfMatrix::from_bytes(HalfType::F16, &[], 4, 0).is_none());
 }
 
 #[test]

@@ -37,7 +37,7 @@ impl Q4_0Matrix {
     /// From GGUF Q4_0 bytes of a `[n, k]` tensor.
     pub fn from_bytes(bytes: &[u8], n: usize, k: usize) -> Option<Self> {
         let blocks = n.checked_mul(k)? / BLOCK;
-        if !k.is_multiple_of(BLOCK) || bytes.len() != blocks.checked_mul(BLOCK_BYTES)? {
+        if k == 0 || !k.is_multiple_of(BLOCK) || bytes.len() != blocks.checked_mul(BLOCK_BYTES)? {
             return None;
         }
         let mut d = Vec::with_capacity(blocks);
@@ -471,5 +471,6 @@ mod tests {
         assert_eq!(&all[3 * n..], tail.as_slice());
         assert!(Q4_0Matrix::from_bytes(&[0; 17], 1, 32).is_none());
         assert!(Q4_0Matrix::from_bytes(&[0; 18], 1, 31).is_none());
+        assert!(Q4_0Matrix::from_bytes(&[], 1, 0).is_none());
     }
 }
