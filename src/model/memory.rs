@@ -3,9 +3,10 @@
 //!
 //! The estimate adds: the weights as this build holds them (quantized as stored, Q4_1 with f32
 //! scales, F16/BF16 matrices 16-bit in native precision, or everything dequantized to f32),
-//! the activations of one forward pass per rank (hidden states and their temporaries, attention scores, the MLP's intermediate tensors), the
-//! logits block of the output layer (twice: the tensor and its copy into the NLL loop), the
-//! tokenizer's tables, and a fixed runtime baseline. The constants were calibrated against the
+//! the activations of one forward pass per rank (hidden states and their temporaries,
+//! attention scores, the MLP's intermediate tensors), the logits block of the output layer
+//! (twice: the tensor and its copy into the NLL loop), the tokenizer's tables, and a fixed
+//! runtime baseline. The constants were calibrated against the
 //! measured peak RSS of five SmolLM2 runs (native/f32, batch 1/4, ctx 512/1024, 1/2 ranks):
 //! every estimate landed within 6% of the measurement.
 
