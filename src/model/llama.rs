@@ -1048,6 +1048,9 @@ impl Llama {
                         {
                             // The output layer's copy on the GPU serves the lookups too.
                             EmbeddingTable::Quantized(q.clone())
+                        } else if let Some(m) = own_table(embd, kernels)? {
+                            // F16/BF16 stay 16-bit: rows decoded as they are looked up.
+                            EmbeddingTable::Own(m)
                         } else if embd.dtype().block_size() == 1 {
                             EmbeddingTable::Dense(dense(embd, Precision::F32, device)?)
                         } else {
@@ -1315,6 +1318,24 @@ impl Llama {
     pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {
         self.logits(&self.hidden_states(ids)?)
     }
+}
+
+/// An untied 16-bit (F16/BF16) embedding table held by our kernel in native precision, so it
+/// stays 16-bit; `None` for other types or candle's kernels.
+fn own_table(embd: &QTensor, kernels: Kernels) -> Result<Option<Arc<dyn OwnMatrix>>> {
+    if kernels != Kernels::Own || !matches!(embd.dtype(), GgmlDType::F16 | GgmlDType::BF16) {
+        return Ok(None);
+    }
+    let own = Linear::own(
+        embd.dtype(),
+        &embd.data()?,
+        embd.shape().dims(),
+        "token_embd.weight",
+    )?;
+    Ok(own.and_then(|l| match l {
+        Linear::Own(m) => Some(m),
+        Linear::Candle(_) => None,
+    }))
 }
 
 /// The f32 values of `q` in `precision`'s dtype, on `device`.

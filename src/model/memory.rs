@@ -2,10 +2,11 @@
 //! it with what the machine (or its cgroup) allows.
 //!
 //! The estimate adds: the weights as this build holds them (quantized as stored, Q4_1 with f32
-//! scales, or everything dequantized to f32), the activations of one forward pass per rank
-//! (hidden states and their temporaries, attention scores, the MLP's intermediate tensors), the
-//! logits block of the output layer (twice: the tensor and its copy into the NLL loop), the
-//! tokenizer's tables, and a fixed runtime baseline. The constants were calibrated against the
+//! scales, F16/BF16 matrices 16-bit in native precision, or everything dequantized to f32),
+//! the activations of one forward pass per rank (hidden states and their temporaries,
+//! attention scores, the MLP's intermediate tensors), the logits block of the output layer
+//! (twice: the tensor and its copy into the NLL loop), the tokenizer's tables, and a fixed
+//! runtime baseline. The constants were calibrated against the
 //! measured peak RSS of five SmolLM2 runs (native/f32, batch 1/4, ctx 512/1024, 1/2 ranks):
 //! every estimate landed within 6% of the measurement.
 
@@ -51,9 +52,9 @@ fn tensor_bytes(t: &super::gguf::TensorInfo, precision: Precision) -> u64 {
         Precision::Native => match t.dtype {
             // Our Q4_1 kernel keeps d and m as f32: 24 bytes per 32 weights.
             candle_core::quantized::GgmlDType::Q4_1 => elems / 32 * 24,
-            // F16/BF16 matrices become f32 in candle's dense matmul.
+            // F16/BF16 matrices stay 16-bit in our kernel; vectors (norms) become f32.
             candle_core::quantized::GgmlDType::F16 | candle_core::quantized::GgmlDType::BF16 => {
-                elems * 4
+                elems * if t.shape.len() == 2 { 2 } else { 4 }
             }
             _ => t.size,
         },

@@ -12,14 +12,20 @@
 //!   quantizes the activations and drives them, blocked for L2). candle's Q4_1 and Q5_0
 //!   products are scalar on x86 (SmolLM2 Q4_1: 18 tokens/s; Gemma 3 Q4_K_M, mostly Q5_0:
 //!   12.7), its Q8_0 one per row; a per-row kernel of ours reached 93 tokens/s, the panels 240.
+//! - [`half`]: F16 and BF16 weights kept 16-bit (candle widened them to f32 at load: twice the
+//!   memory, and its f32 gemm), multiplied by activations rounded to the weights' type as
+//!   llama.cpp's `vec_dot_type` does, in register tiles of eight activation rows.
+//! - [`q4_0`] (Q4_0 × Q8_0): the weights kept as nibbles, on [`panel`]'s quantized panels.
 //! - [`attention`]: causal f32 attention computing only the visible keys, fused from scores to
 //!   values (candle's ops materialised four `[heads, t, t]` tensors per layer).
 //! - [`math`]: a vectorised exponential and SiLU gating (glibc's scalar `expf` was 5–7%).
 
 pub mod attention;
+pub mod half;
 pub mod int8;
 pub mod math;
 pub mod panel;
+pub mod q4_0;
 pub mod q4_1;
 
 use std::sync::Arc;
@@ -55,6 +61,19 @@ pub fn own_matrix(
         GgmlDType::Q4_1 => boxed(q4_1::Q4_1Matrix::from_bytes(bytes, n, k)),
         GgmlDType::Q5_0 => boxed(int8::Int8Matrix::from_q5_0(bytes, n, k)),
         GgmlDType::Q8_0 => boxed(int8::Int8Matrix::from_q8_0(bytes, n, k)),
+        GgmlDType::Q4_0 => boxed(q4_0::Q4_0Matrix::from_bytes(bytes, n, k)),
+        GgmlDType::F16 => boxed(self::half::HalfMatrix::from_bytes(
+            self::half::HalfType::F16,
+            bytes,
+            n,
+            k,
+        )),
+        GgmlDType::BF16 => boxed(self::half::HalfMatrix::from_bytes(
+            self::half::HalfType::Bf16,
+            bytes,
+            n,
+            k,
+        )),
         _ => return None,
     };
     Some(m.ok_or_else(|| format!("a malformed {dtype:?} layout for [{n}, {k}]")))

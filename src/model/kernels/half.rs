@@ -1,0 +1,453 @@
+//! F16 and BF16 weight matrices kept 16-bit (the file's bytes, 2 per weight) and multiplied
+//! as llama.cpp's CPU backend multiplies them.
+//!
+//! Why: candle's quantized matmul widens F16/BF16 weights to f32 at load, so a native
+//! evaluation held twice the file's bytes (an 8B BF16 checkpoint: 32 GB instead of 16) and
+//! streamed twice the bytes through the caches; a Llama-3.2-1B-shaped F16 model ran at 0.52×
+//! llama.cpp's speed with 2× its memory. Here each weight is widened in registers, once per
+//! eight activation rows.
+//!
+//! Arithmetic: llama.cpp's `vec_dot_type` for F16 is F16 and for BF16 is BF16, so the f32
+//! activations are first rounded (to nearest even) to the weights' type; the products of two
+//! such values are exact in f32. Each output element is then computed in one fixed order,
+//! whatever the instruction set, thread count or position of its row in the batch:
+//! eight lanes, lane `l` accumulating `fma(w[8c+l], x[8c+l], acc_l)` for `c = 0, 1, …`, then
+//! ggml's `hsum_float_8` order `((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7))`, then the last `k mod 8`
+//! products added one at a time. The AVX2 path keeps one lane set per 256-bit register, the
+//! AVX-512 path two activation rows per 512-bit register (each half is one row's eight lanes),
+//! and the portable path is the scalar definition: all three give the same bits.
+//!
+//! Layout: activations are rounded once per matmul and packed in panels of [`PANEL`] rows,
+//! chunk-major (`[chunk][row][8 lanes]`, then the `k mod 8` tail values row by row), so a
+//! micro-kernel reads the eight rows' values of one chunk from one 256-byte line run.
+
+use ::half::f16;
+use rayon::prelude::*;
+
+use super::panel::hsum8;
+use super::Isa;
+
+/// Activation rows per panel (one micro-kernel pass over a weight row yields this many).
+pub const PANEL: usize = 8;
+/// Values per chunk: one lane set.
+const LANES: usize = 8;
+/// Bytes of weight rows kept in L2 while every panel of a task passes over them.
+const WEIGHT_BLOCK_BYTES: usize = 384 << 10;
+/// Values of a panel's rows kept in L1 while a block of weight rows passes over them.
+const K_SLICE: usize = 512;
+/// Below this many panels per thread, the threads split the weight rows rather than the
+/// panels (a split of few panels leaves threads idle).
+const PANELS_PER_THREAD: usize = 8;
+/// Weight rows are blocked in multiples of this (AVX2 takes three rows at a time, AVX-512
+/// four).
+const ROW_GROUP: usize = 12;
+
+/// Which 16-bit float the weights (and the rounded activations) are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HalfType {
+    /// IEEE binary16.
+    F16,
+    /// bfloat16: the top half of an f32.
+    Bf16,
+}
+
+impl HalfType {
+    /// The value of `bits` as f32 (exact).
+    pub fn widen(self, bits: u16) -> f32 {
+        match self {
+            HalfType::F16 => f16::from_bits(bits).to_f32(),
+            HalfType::Bf16 => f32::from_bits((bits as u32) << 16),
+        }
+    }
+
+    /// `x` rounded to nearest even in this type, as ggml's `fp32_to_fp16` / `fp32_to_bf16`
+    /// (a NaN stays a quiet NaN), returned as its exact f32 value.
+    pub fn round(self, x: f32) -> f32 {
+        match self {
+            HalfType::F16 => f16::from_f32(x).to_f32(),
+            HalfType::Bf16 => f32::from_bits(round_to_bf16_bits(x.to_bits())),
+        }
+    }
+}
+
+/// The f32 bits of `bits` rounded to bf16 (nearest even), low half zero; NaNs made quiet.
+fn round_to_bf16_bits(bits: u32) -> u32 {
+    if bits & 0x7fff_ffff > 0x7f80_0000 {
+        return (bits & 0xffff_0000) | 0x0040_0000;
+    }
+    let odd = (bits >> 16) & 1;
+    (bits.wrapping_add(0x7fff + odd)) & 0xffff_0000
+}
+
+/// A weight matrix `[n, k]` of F16 or BF16 values, held as the file's 16-bit values.
+pub struct HalfMatrix {
+    kind: HalfType,
+    n: usize,
+    k: usize,
+    bits: Vec<u16>,
+}
+
+impl HalfMatrix {
+    /// From the little-endian bytes of a `[n, k]` GGUF F16 or BF16 tensor.
+    pub fn from_bytes(kind: HalfType, bytes: &[u8], n: usize, k: usize) -> Option<Self> {
+        if k == 0 || n.checked_mul(k)?.checked_mul(2)? != bytes.len() {
+            return None;
+        }
+        let bits = bytes
+            .chunks_exact(2)
+            .map(|b| u16::from_le_bytes([b[0], b[1]]))
+            .collect();
+        Some(Self { kind, n, k, bits })
+    }
+
+    pub fn kind(&self) -> HalfType {
+        self.kind
+    }
+
+    pub fn shape(&self) -> (usize, usize) {
+        (self.n, self.k)
+    }
+
+    /// Bytes held: two per weight.
+    pub fn storage_bytes(&self) -> usize {
+        self.bits.len() * 2
+    }
+
+    /// Row `j` widened to f32: exactly ggml's (and candle's) dequantization.
+    pub fn dequantize_row(&self, j: usize, out: &mut [f32]) {
+        for (o, &b) in out.iter_mut().zip(self.row(j)) {
+            *o = self.kind.widen(b);
+        }
+    }
+
+    fn row(&self, j: usize) -> &[u16] {
+        &self.bits[j * self.k..(j + 1) * self.k]
+    }
+
+    /// `x [m, k]` (row-major) times this matrix transposed: `[m, n]`, at the level [`isa`]
+    /// allows.
+    ///
+    /// [`isa`]: super::isa
+    pub fn matmul(&self, x: &[f32], m: usize) -> Vec<f32> {
+        self.matmul_at(x, m, super::isa())
+    }
+
+    /// [`Self::matmul`] at a given level (capped to what this CPU runs): every level gives the
+    /// same bits.
+    pub fn matmul_at(&self, x: &[f32], m: usize, isa: Isa) -> Vec<f32> {
+        let isa = isa.min(cpu_level());
+        let (n, k) = (self.n, self.k);
+        assert_eq!(x.len(), m * k, "activation shape");
+        let mut out = vec![0f32; m * n];
+        if m == 0 || n == 0 {
+            return out;
+        }
+        let a = Panels::pack(self.kind, x, m, k, isa);
+        let panels = a.panels();
+        let threads = rayon::current_num_threads().max(1);
+        if panels >= PANELS_PER_THREAD * threads {
+            // One contiguous run of panels per thread: each streams the weights through its
+            // cache once per weight block.
+            let per_task = panels.div_ceil(threads);
+            out.par_chunks_mut(per_task * PANEL * n)
+                .enumerate()
+                .for_each(|(t, out)| {
+                    let first = t * per_task;
+                    let count = (out.len() / n).div_ceil(PANEL);
+                    self.block(&a, first..first + count, 0..n, isa, out);
+                });
+        } else {
+            // Few rows: the threads split the weight rows instead (evenly, whatever the number
+            // of panels).
+            let per_task = n.div_ceil(threads).next_multiple_of(ROW_GROUP);
+            let parts: Vec<(usize, Vec<f32>)> = (0..n)
+                .step_by(per_task)
+                .collect::<Vec<_>>()
+                .into_par_iter()
+                .map(|j0| {
+                    let cols = j0..(j0 + per_task).min(n);
+                    let mut part = vec![0f32; m * cols.len()];
+                    self.block(&a, 0..panels, cols, isa, &mut part);
+                    (j0, part)
+                })
+                .collect();
+            for (j0, part) in parts {
+                let w = part.len() / m;
+                for (row, src) in part.chunks_exact(w).enumerate() {
+                    out[row * n + j0..][..w].copy_from_slice(src);
+                }
+            }
+        }
+        out
+    }
+
+    /// The outputs of panels `ps` × weight rows `cols` into `out` (row-major, `cols.len()`
+    /// wide, starting at panel `ps.start`'s first row; rows past the activations absent).
+    ///
+    /// Blocking: a block of weight rows stays in L2 while each panel passes over it, and
+    /// within a panel a slice of [`K_SLICE`] values of its eight rows stays in L1 while every
+    /// weight row of the block passes; the lane sums wait in `acc` between slices (the order
+    /// of each lane's additions is unchanged).
+    fn block(
+        &self,
+        a: &Panels,
+        ps: std::ops::Range<usize>,
+        cols: std::ops::Range<usize>,
+        isa: Isa,
+        out: &mut [f32],
+    ) {
+        let (width, chunks) = (cols.len(), self.k / LANES);
+        let rows_here = out.len() / width;
+        // At least eight row groups, so that each slice of a panel serves many weight rows
+        // (a block larger than L2 then streams from L3, which keeps up with eight rows'
+        // arithmetic per weight).
+        let per_block = (WEIGHT_BLOCK_BYTES / (2 * self.k).max(1))
+            .clamp(8 * ROW_GROUP, 16 * ROW_GROUP)
+            / ROW_GROUP
+            * ROW_GROUP;
+        let mut acc = vec![[0f32; PANEL * LANES]; per_block.min(width)];
+        for j0 in cols.clone().step_by(per_block) {
+            let js = j0..(j0 + per_block).min(cols.end);
+            let w = &self.bits[js.start * self.k..js.end * self.k];
+            let acc = &mut acc[..js.len()];
+            for (i, p) in ps.clone().enumerate() {
+                let live = PANEL.min(rows_here - i * PANEL);
+                acc.iter_mut().for_each(|a| a.fill(0.0));
+                for c0 in (0..chunks).step_by(K_SLICE / LANES) {
+                    let span = c0..(c0 + K_SLICE / LANES).min(chunks);
+                    let job = Job {
+                        kind: self.kind,
+                        w,
+                        k: self.k,
+                        panel: a.panel(p),
+                        chunks: span,
+                        live,
+                    };
+                    accumulate(&job, isa, acc);
+                }
+                let job = Job {
+                    kind: self.kind,
+                    w,
+                    k: self.k,
+                    panel: a.panel(p),
+                    chunks: 0..0,
+                    live,
+                };
+                for (c, lanes) in acc.iter().enumerate() {
+                    let col = js.start + c - cols.start;
+                    let sums = reduce(lanes, isa);
+                    for (r, &sum) in sums.iter().enumerate().take(live) {
+                        out[(i * PANEL + r) * width + col] = job.finish(sum, c, r);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// One pass of weight rows over a slice of a panel.
+pub(crate) struct Job<'a> {
+    pub kind: HalfType,
+    /// The weight rows, back to back (`k` values each).
+    pub w: &'a [u16],
+    pub k: usize,
+    pub panel: PanelRef<'a>,
+    /// The chunks of eight values this pass adds.
+    pub chunks: std::ops::Range<usize>,
+    /// Rows of the panel that hold activations.
+    pub live: usize,
+}
+
+impl Job<'_> {
+    fn rows(&self) -> usize {
+        self.w.len() / self.k.max(1)
+    }
+
+    /// The output of weight row `c` and panel row `r` from the sum of its lanes: the
+    /// `k mod 8` tail products added one at a time.
+    fn finish(&self, sum: f32, c: usize, r: usize) -> f32 {
+        let tail = self.k % LANES;
+        if tail == 0 {
+            return sum;
+        }
+        let w = &self.w[c * self.k + self.k - tail..][..tail];
+        let x = &self.panel.tail[r * tail..][..tail];
+        w.iter()
+            .zip(x)
+            .fold(sum, |s, (&w, &x)| self.kind.widen(w).mul_add(x, s))
+    }
+}
+
+/// The eight panel rows' sums of their lanes, each in ggml's `hsum_float_8` order.
+fn reduce(lanes: &[f32; PANEL * LANES], isa: Isa) -> [f32; PANEL] {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if isa >= Isa::Avx2 {
+            // SAFETY: AVX2 is present (`isa` is capped by detection).
+            return unsafe { x86::avx2::reduce(lanes) };
+        }
+    }
+    let _ = isa;
+    std::array::from_fn(|r| hsum8(lanes[r * LANES..][..LANES].try_into().expect("8 lanes")))
+}
+
+/// Adds the job's chunks into `acc[c][r·8 + l]` (weight row `c`, panel row `r`, lane `l`) at
+/// level `isa`: every level performs the same fused multiply-adds in the same order.
+fn accumulate(job: &Job<'_>, isa: Isa, acc: &mut [[f32; PANEL * LANES]]) {
+    assert!(acc.len() == job.rows() && job.w.len() == job.rows() * job.k);
+    assert!(job.panel.chunks.len() >= job.chunks.end * PANEL * LANES);
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: `isa` was capped by what this CPU executes (AVX-512 F/BW/VL on top of
+        // AVX2 + FMA + F16C for `Avx512`); the lengths were checked above.
+        if isa >= Isa::Avx512 {
+            unsafe { x86::avx512::accumulate(job, acc) };
+            return;
+        }
+        if isa >= Isa::Avx2 {
+            unsafe { x86::avx2::accumulate(job, acc) };
+            return;
+        }
+    }
+    let _ = isa;
+    accumulate_portable(job, acc);
+}
+
+/// The definition, one lane at a time.
+pub(crate) fn accumulate_portable(job: &Job<'_>, acc: &mut [[f32; PANEL * LANES]]) {
+    for (c, acc_c) in acc.iter_mut().enumerate() {
+        let w = &job.w[c * job.k..][..job.k];
+        for r in 0..job.live {
+            for ch in job.chunks.clone() {
+                let x = &job.panel.chunks[(ch * PANEL + r) * LANES..][..LANES];
+                for l in 0..LANES {
+                    let a = &mut acc_c[r * LANES + l];
+                    *a = job.kind.widen(w[ch * LANES + l]).mul_add(x[l], *a);
+                }
+            }
+        }
+    }
+}
+
+/// The highest level this CPU executes for this kernel, whatever `PPL_ISA` says (tests ask
+/// for each level explicitly; [`HalfMatrix::matmul`] follows [`super::isa`]).
+fn cpu_level() -> Isa {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let avx2 = is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c");
+        let avx512 = is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512vl");
+        match (avx2, avx512) {
+            (true, true) => Isa::Avx512,
+            (true, false) => Isa::Avx2,
+            _ => Isa::Portable,
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    Isa::Portable
+}
+
+impl super::OwnMatrix for HalfMatrix {
+    fn shape(&self) -> (usize, usize) {
+        (self.n, self.k)
+    }
+
+    fn storage_bytes(&self) -> usize {
+        self.storage_bytes()
+    }
+
+    fn matmul(&self, x: &[f32], m: usize) -> Vec<f32> {
+        self.matmul(x, m)
+    }
+
+    fn dequantize_row(&self, j: usize, out: &mut [f32]) {
+        self.dequantize_row(j, out)
+    }
+}
+
+/// Activations rounded to the weights' type (held as their exact f32 values) and packed in
+/// panels of [`PANEL`] rows: per panel, `[chunk][row][lane]`, then `[row][k mod 8]`; rows past
+/// `m` are zero.
+pub struct Panels {
+    rows: usize,
+    chunks: usize,
+    tail: usize,
+    data: Vec<f32>,
+}
+
+/// One panel: `chunks[(c·PANEL + r)·8 + l]` is row `r`'s value `8c + l`; `tail[r·t + i]` its
+/// value `8·chunks + i`.
+#[derive(Clone, Copy)]
+pub struct PanelRef<'a> {
+    pub chunks: &'a [f32],
+    pub tail: &'a [f32],
+}
+
+impl Panels {
+    /// Rounds and packs `x [m, k]`, with SIMD where `isa` allows (the same bits).
+    pub fn pack(kind: HalfType, x: &[f32], m: usize, k: usize, isa: Isa) -> Self {
+        let (chunks, tail) = (k / LANES, k % LANES);
+        let per_panel = PANEL * k;
+        let mut data = vec![0f32; m.div_ceil(PANEL) * per_panel];
+        data.par_chunks_mut(per_panel)
+            .enumerate()
+            .for_each(|(p, panel)| {
+                let (body, tail_part) = panel.split_at_mut(chunks * PANEL * LANES);
+                for r in 0..PANEL.min(m - p * PANEL) {
+                    let row = &x[(p * PANEL + r) * k..][..k];
+                    for (c, src) in row.chunks_exact(LANES).enumerate() {
+                        let dst = &mut body[(c * PANEL + r) * LANES..][..LANES];
+                        round8(kind, src, dst, isa);
+                    }
+                    for (t, &v) in row[chunks * LANES..].iter().enumerate() {
+                        tail_part[r * tail + t] = kind.round(v);
+                    }
+                }
+            });
+        Self {
+            rows: m,
+            chunks,
+            tail,
+            data,
+        }
+    }
+
+    pub fn panels(&self) -> usize {
+        self.rows.div_ceil(PANEL)
+    }
+
+    pub fn panel(&self, p: usize) -> PanelRef<'_> {
+        let per_panel = PANEL * (self.chunks * LANES + self.tail);
+        let (chunks, tail) =
+            self.data[p * per_panel..][..per_panel].split_at(self.chunks * PANEL * LANES);
+        PanelRef { chunks, tail }
+    }
+}
+
+/// Eight values rounded to `kind`.
+fn round8(kind: HalfType, src: &[f32], dst: &mut [f32], isa: Isa) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if isa >= Isa::Avx2 {
+            // SAFETY: AVX2 + F16C are present (`isa` is capped by detection); both slices
+            // hold eight values (asserted inside).
+            unsafe { x86::avx2::round8(kind == HalfType::Bf16, src, dst) };
+            return;
+        }
+    }
+    let _ = isa;
+    for (d, &s) in dst.iter_mut().zip(src) {
+        *d = kind.round(s);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[path = "half_x86.rs"]
+mod x86;
+
+#[cfg(test)]
+#[path = "half_tests.rs"]
+mod tests;

@@ -1,0 +1,275 @@
+use super::super::panel::tests::lcg;
+use super::*;
+
+/// Random weights of `kind`, spread over several binades, as file bytes.
+fn random_bytes(kind: HalfType, n: usize, k: usize, seed: &mut u64) -> Vec<u8> {
+    (0..n * k)
+        .flat_map(|_| {
+            let v = lcg(seed) * 2f32.powi((lcg(seed) * 6.0) as i32);
+            let bits = match kind {
+                HalfType::F16 => f16::from_f32(v).to_bits(),
+                HalfType::Bf16 => ::half::bf16::from_f32(v).to_bits(),
+            };
+            bits.to_le_bytes()
+        })
+        .collect()
+}
+
+fn random_x(len: usize, seed: &mut u64) -> Vec<f32> {
+    (0..len)
+        .map(|_| lcg(seed) * 3.0 * 2f32.powi((lcg(seed) * 4.0) as i32))
+        .collect()
+}
+
+/// The widened weights times the rounded activations, in f64, and the sum of the products'
+/// magnitudes (the scale of f32's rounding error).
+fn naive(w: &HalfMatrix, x: &[f32], m: usize) -> Vec<(f64, f64)> {
+    let (n, k) = w.shape();
+    let mut out = Vec::with_capacity(m * n);
+    for row in 0..m {
+        for j in 0..n {
+            let (mut s, mut mag) = (0f64, 0f64);
+            for e in 0..k {
+                let p =
+                    w.kind.widen(w.bits[j * k + e]) as f64 * w.kind.round(x[row * k + e]) as f64;
+                s += p;
+                mag += p.abs();
+            }
+            out.push((s, mag));
+        }
+    }
+    out
+}
+
+const SHAPES: [(usize, usize, usize); 8] = [
+    (1, 1, 1),
+    (3, 5, 7),
+    (9, 13, 37),
+    (17, 30, 64),
+    (8, 25, 200),
+    (33, 12, 129),
+    (5, 4, 8),
+    (12, 49, 576),
+];
+
+fn levels() -> Vec<Isa> {
+    [Isa::Portable, Isa::Avx2, Isa::Avx512]
+        .into_iter()
+        .filter(|&l| l <= cpu_level())
+        .collect()
+}
+
+#[test]
+fn matches_naive_reference_and_every_path_gives_the_same_bits() {
+    let mut seed = 17;
+    for kind in [HalfType::F16, HalfType::Bf16] {
+        for &(m, n, k) in &SHAPES {
+            let w = HalfMatrix::from_bytes(kind, &random_bytes(kind, n, k, &mut seed), n, k)
+                .expect("layout");
+            let x = random_x(m * k, &mut seed);
+            let want = naive(&w, &x, m);
+            let portable = w.matmul_at(&x, m, Isa::Portable);
+            for (i, (&g, &(e, mag))) in portable.iter().zip(&want).enumerate() {
+                let g = g as f64;
+                assert!(
+                    (g - e).abs() <= 1e-6 * mag + 1e-30,
+                    "{kind:?} ({m},{n},{k}) [{i}] {g} vs {e}"
+                );
+            }
+            for isa in levels() {
+                let got = w.matmul_at(&x, m, isa);
+                let same = got
+                    .iter()
+                    .zip(&portable)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{kind:?} ({m},{n},{k}) {isa:?} differs from portable");
+            }
+            assert_eq!(
+                w.matmul(&x, m)
+                    .iter()
+                    .map(|v| v.to_bits())
+                    .collect::<Vec<_>>(),
+                portable.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+            );
+        }
+    }
+}
+
+#[test]
+fn activations_round_as_ggml_does() {
+    // bf16: ties to even, NaN kept quiet.
+    let bf = |x: f32| HalfType::Bf16.round(x).to_bits();
+    assert_eq!(bf(f32::from_bits(0x3f80_8000)), 0x3f80_0000);
+    assert_eq!(bf(f32::from_bits(0x3f81_8000)), 0x3f82_0000);
+    assert_eq!(bf(f32::from_bits(0x3f80_8001)), 0x3f81_0000);
+    assert_eq!(bf(f32::from_bits(0x7f7f_ffff)), 0x7f80_0000);
+    assert!(HalfType::Bf16.round(f32::NAN).is_nan());
+    assert_eq!(bf(f32::from_bits(0x7f80_0001)), 0x7fc0_0000);
+    // f16: nearest even, overflow to infinity, subnormals kept.
+    assert_eq!(HalfType::F16.round(1.0 + 1.0 / 2048.0), 1.0);
+    assert_eq!(HalfType::F16.round(70000.0), f32::INFINITY);
+    assert_eq!(HalfType::F16.round(1e-7), 2f32.powi(-24) * 2.0);
+    // The SIMD rounding gives the same bits, specials included.
+    let mut seed = 3;
+    let mut values: Vec<f32> = (0..4096)
+        .map(|_| f32::from_bits((lcg(&mut seed).to_bits() ^ (seed as u32)).rotate_left(7)))
+        .collect();
+    values.extend([
+        0.0,
+        -0.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        65520.0,
+        65519.0,
+        1e-8,
+    ]);
+    values.truncate(values.len() / 8 * 8);
+    for kind in [HalfType::F16, HalfType::Bf16] {
+        for isa in levels() {
+            for src in values.chunks_exact(8) {
+                let mut dst = [0f32; 8];
+                round8(kind, src, &mut dst, isa);
+                for (d, &s) in dst.iter().zip(src) {
+                    assert_eq!(
+                        d.to_bits(),
+                        kind.round(s).to_bits(),
+                        "{kind:?} {isa:?} {s:e}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn rows_do_not_depend_on_their_neighbours_or_the_thread_count() {
+    let mut seed = 5;
+    let (n, k) = (41, 72);
+    for kind in [HalfType::F16, HalfType::Bf16] {
+        let w = HalfMatrix::from_bytes(kind, &random_bytes(kind, n, k, &mut seed), n, k)
+            .expect("layout");
+        // 26 panels: split by panels up to 3 threads, by weight rows beyond.
+        let m = 201;
+        let x = random_x(m * k, &mut seed);
+        let all = w.matmul(&x, m);
+        for r in [0, 5, 16, 36, 200] {
+            let one = w.matmul(&x[r * k..(r + 1) * k], 1);
+            assert_eq!(&all[r * n..(r + 1) * n], one.as_slice());
+        }
+        let tail = w.matmul(&x[3 * k..], m - 3);
+        assert_eq!(&all[3 * n..], tail.as_slice());
+        for threads in [1, 3, 8] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .expect("pool");
+            assert_eq!(pool.install(|| w.matmul(&x, m)), all);
+            let few = pool.install(|| w.matmul(&x[..3 * k], 3));
+            assert_eq!(few.as_slice(), &all[..3 * n]);
+        }
+    }
+}
+
+#[test]
+fn malformed_layouts_are_refused() {
+    assert!(HalfMatrix::from_bytes(HalfType::F16, &[0; 10], 2, 3).is_none());
+    assert!(HalfMatrix::from_bytes(HalfType::Bf16, &[0; 12], 2, 3).is_some());
+    assert!(HalfMatrix::from_bytes(HalfType::F16, &[], usize::MAX, 3).is_none());
+    assert!(HalfMatrix::from_bytes(HalfType::F16, &[], 4, 0).is_none());
+}
+
+#[test]
+fn dequantized_rows_equal_candles_dequantization() {
+    use candle_core::quantized::{GgmlDType, QStorage, QTensor};
+    use candle_core::Device;
+    let mut seed = 29;
+    let (n, k) = (3, 40);
+    for (kind, dtype) in [
+        (HalfType::F16, GgmlDType::F16),
+        (HalfType::Bf16, GgmlDType::BF16),
+    ] {
+        let bytes = random_bytes(kind, n, k, &mut seed);
+        let w = HalfMatrix::from_bytes(kind, &bytes, n, k).expect("layout");
+        let storage =
+            QStorage::from_data(std::borrow::Cow::Borrowed(&bytes), &Device::Cpu, dtype).unwrap();
+        let q = QTensor::new(storage, (n, k)).unwrap();
+        let want = q
+            .dequantize(&Device::Cpu)
+            .unwrap()
+            .to_vec2::<f32>()
+            .unwrap();
+        for (j, want) in want.iter().enumerate() {
+            let mut row = vec![0f32; k];
+            w.dequantize_row(j, &mut row);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&row), bits(want), "{dtype:?} row {j}");
+        }
+    }
+}
+
+/// Throughput against candle's f32 matmul on the widened weights (what native precision did
+/// before): `cargo test --release --lib kernels::half::tests::throughput -- --ignored
+/// --nocapture` (`PPL_BENCH_THREADS`, default 2).
+#[test]
+#[ignore]
+fn throughput_against_candles_f32_gemm() {
+    use candle_core::{Device, Tensor};
+    let threads = std::env::var("PPL_BENCH_THREADS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(2);
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .expect("pool");
+    let mut seed = 1;
+    let time = |f: &mut dyn FnMut()| {
+        f();
+        let t = std::time::Instant::now();
+        let reps = 3;
+        for _ in 0..reps {
+            f();
+        }
+        t.elapsed().as_secs_f64() / reps as f64
+    };
+    for &(m, n, k) in &[
+        (512, 8192, 2048),
+        (512, 2048, 8192),
+        (512, 2048, 2048),
+        (64, 2048, 2048),
+    ] {
+        let x = random_x(m * k, &mut seed);
+        let flops = 2.0 * (m * n * k) as f64;
+        for kind in [HalfType::F16, HalfType::Bf16] {
+            let w = HalfMatrix::from_bytes(kind, &random_bytes(kind, n, k, &mut seed), n, k)
+                .expect("layout");
+            let ours = |isa: Isa| {
+                pool.install(|| {
+                    time(&mut || {
+                        std::hint::black_box(w.matmul_at(&x, m, isa));
+                    })
+                })
+            };
+            let (t512, t2) = (ours(Isa::Avx512), ours(Isa::Avx2));
+            let wide: Vec<f32> = w.bits.iter().map(|&b| kind.widen(b)).collect();
+            let wt = Tensor::from_vec(wide, (n, k), &Device::Cpu).unwrap();
+            let xt = Tensor::from_vec(x.clone(), (m, k), &Device::Cpu).unwrap();
+            // candle's gemm runs on the rayon pool of its caller.
+            let tc = pool.install(|| {
+                time(&mut || {
+                    std::hint::black_box(xt.matmul(&wt.t().unwrap()).unwrap());
+                })
+            });
+            println!(
+                "{kind:?} m={m} [{n} x {k}] {threads} threads: ours {:.1} GFLOP/s ({}), {:.1} \
+                 (avx2); candle f32 {:.1}; speed-up {:.2}x",
+                flops / t512 / 1e9,
+                cpu_level().name(),
+                flops / t2 / 1e9,
+                flops / tc / 1e9,
+                tc / t512
+            );
+        }
+    }
+}
