@@ -334,10 +334,7 @@ mod tests {
                 &x,
                 m,
                 |a| naive(&w, a, m),
-                |p, j| {
-                    let (d, qs) = w.row(j);
-                    panel_row_portable(d, qs, p)
-                },
+                |isa, p, j| w.panel_row_at(p, j, isa),
             );
             let a = Panels::quantize(&x, m, k);
             for isa in levels() {
