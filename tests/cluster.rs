@@ -457,3 +457,54 @@ fn a_killed_host_ends_the_job_and_the_resume_gives_the_same_numbers() {
     }
     .check(&LONG);
 }
+
+/// `ppl validate --distributed`'s "one way X ms … Y MB/s" for a ping-pong size.
+fn ping_pong(out: &str, size: &str) -> (f64, f64) {
+    let line = out
+        .lines()
+        .find(|l| l.contains(&format!("ping-pong {size}")))
+        .unwrap_or_else(|| panic!("no ping-pong {size} line in:\n{out}"));
+    let number_before = |unit: &str| -> f64 {
+        let head = &line[..line.find(unit).unwrap_or_else(|| panic!("no {unit} in {line}"))];
+        head.split_whitespace().last().unwrap().parse().unwrap()
+    };
+    (number_before(" ms"), number_before(" MB/s"))
+}
+
+#[test]
+fn a_slow_link_is_measured_and_changes_no_result() {
+    let Some(c) = Cluster::up(2, None) else {
+        return;
+    };
+    let slow = run(cluster_cmd(&["slow", "2", "20ms", "100mbit"]));
+    let err = String::from_utf8_lossy(&slow.stderr);
+    if err.contains("qdisc kind is unknown") {
+        eprintln!("SKIPPED: this kernel has no netem queueing discipline (sch_netem): {err}");
+        return;
+    }
+    assert!(slow.status.success(), "{err}");
+    let validate = run(c.launch_cmd(2, 1, &["validate", "--distributed"]));
+    let out = String::from_utf8_lossy(&validate.stdout);
+    assert!(validate.status.success(), "{out}");
+    // 20 ms each way; 100 Mbit/s is 12.5 MB/s (TCP's headers take a few percent of it).
+    let (latency_ms, _) = ping_pong(&out, "1 KiB");
+    assert!((latency_ms - 20.0).abs() <= 5.0, "latency {latency_ms} ms");
+    let (_, rate) = ping_pong(&out, "64 MiB");
+    assert!((rate - 12.5).abs() <= 0.25 * 12.5, "bandwidth {rate} MB/s");
+    let one = common::eval(&with(&[]));
+    let r = c.eval(2, 1, &with(&["--dp-shard", "2"]));
+    assert_same_numbers(&one, &r);
+    let comm_share = |r: &Results| {
+        let m = r.mesh.as_ref().unwrap();
+        m.ranks.iter().map(|x| x.comm_s).sum::<f64>()
+            / m.ranks.iter().map(|x| x.comm_s + x.compute_s).sum::<f64>()
+    };
+    c.control(&["heal"]);
+    let fast = c.eval(2, 1, &with(&["--dp-shard", "2"]));
+    assert!(
+        comm_share(&r) > comm_share(&fast),
+        "communication share {} on the slow link vs {} healed",
+        comm_share(&r),
+        comm_share(&fast)
+    );
+}

@@ -403,11 +403,11 @@ fn distributed_checks(
             }
         }
         if root && comm.size() > 1 {
-            let gbps = size as f64 / worst / 1e9;
+            let mbps = size as f64 / worst / 1e6;
             list.add(
                 Status::Pass,
                 &format!("ping-pong {}", human(size)),
-                format!("one way {} (slowest peer), {gbps:.2} GB/s", ms(worst)),
+                format!("one way {} (slowest peer), {mbps:.1} MB/s", ms(worst)),
             );
         }
     }
