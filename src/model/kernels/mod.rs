@@ -14,6 +14,7 @@
 
 pub mod attention;
 pub mod int8;
+pub mod kquant;
 pub mod math;
 pub mod panel;
 pub mod q4_1;

@@ -137,6 +137,16 @@ pub fn matmul<K: PanelKernel>(w: &K, x: &[f32], m: usize) -> Vec<f32> {
     let (n, k) = w.shape();
     assert_eq!(x.len(), m * k, "activation shape");
     let a = Panels::quantize(x, m, k);
+    drive(m, n, |p, j| w.panel_row(a.panel(p), j))
+}
+
+/// The `[m, n]` outputs of any panel format: `panel_row(p, j)` yields weight row `j`'s outputs
+/// for the [`PANEL`] activation rows of panel `p` (rows past `m` are ignored).
+pub fn drive(
+    m: usize,
+    n: usize,
+    panel_row: impl Fn(usize, usize) -> [f32; PANEL] + Sync,
+) -> Vec<f32> {
     let mut out = vec![0f32; m * n];
     if m == 0 || n == 0 {
         return out;
@@ -152,10 +162,9 @@ pub fn matmul<K: PanelKernel>(w: &K, x: &[f32], m: usize) -> Vec<f32> {
             for j0 in (0..n).step_by(ROWS_PER_CACHE_BLOCK) {
                 let js = j0..(j0 + ROWS_PER_CACHE_BLOCK).min(n);
                 for p in 0..rows.div_ceil(PANEL) {
-                    let panel = a.panel(t * per_task + p);
                     let live = PANEL.min(rows - p * PANEL);
                     for j in js.clone() {
-                        let res = w.panel_row(panel, j);
+                        let res = panel_row(t * per_task + p, j);
                         for (r, v) in res.iter().enumerate().take(live) {
                             out[(p * PANEL + r) * n + j] = *v;
                         }

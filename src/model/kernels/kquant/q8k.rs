@@ -1,0 +1,181 @@
+//! Activations quantized to Q8_K, as llama.cpp's x86 CPU backend quantizes them for K-quant
+//! weights (`quantize_row_q8_K`, which on x86 is the reference `quantize_row_q8_K_ref`), and
+//! packed in panels of [`PANEL`] rows for the K-quant micro-kernels.
+//!
+//! Per 256-value super-block: `max` is the first value of largest magnitude, `iscale =
+//! −127/max`, `q = min(127, round_half_even(iscale·x))` (ggml's `nearest_int`, the
+//! 1.5·2²³ trick), `d = 1/iscale` (f32, not rounded to f16), and 16 sums of 16 consecutive
+//! `q`. An all-zero block has `d = 0` and zero values.
+
+use rayon::prelude::*;
+
+use super::super::panel::PANEL;
+use super::QK_K;
+
+/// Pairs of 16-value sums per super-block (one pair per 32 values).
+pub const PAIRS: usize = QK_K / 32;
+
+/// Activations `[m, k]` in Q8_K, panel by panel: panel `p`, super-block `b`, row `r` of the
+/// panel at index `(p·nb + b)·PANEL + r` of `qs` and `d`; the sums at `(p·nb + b)·PAIRS + t`
+/// of `pair_sums` (see [`Q8KPanel::pair_sums`]). Rows past `m` in the last panel are zero.
+pub struct Q8KPanels {
+    super_blocks: usize,
+    qs: Vec<[i8; QK_K]>,
+    d: Vec<f32>,
+    pair_sums: Vec<[i16; 2 * PANEL]>,
+}
+
+/// One panel's super-blocks.
+#[derive(Clone, Copy)]
+pub struct Q8KPanel<'a> {
+    /// `qs[b·PANEL + r]`: row r's 256 values in super-block b.
+    pub qs: &'a [[i8; QK_K]],
+    /// `d[b·PANEL + r]`: row r's scale in super-block b.
+    pub d: &'a [f32],
+    /// `pair_sums[b·PAIRS + t][2r + i]`: row r's sum of values `32t + 16i .. 32t + 16i + 16`
+    /// in super-block b, laid out so that one `madd` against a pair of per-sub-block weights
+    /// yields a weighted sum for each of the eight rows.
+    pub pair_sums: &'a [[i16; 2 * PANEL]],
+}
+
+impl Q8KPanels {
+    /// Quantizes `x [m, k]` (row-major; `k` a multiple of [`QK_K`]).
+    pub fn quantize(x: &[f32], m: usize, k: usize) -> Self {
+        assert!(k.is_multiple_of(QK_K) && x.len() == m * k, "activation shape");
+        let nb = k / QK_K;
+        let panels = m.div_ceil(PANEL);
+        let mut out = Q8KPanels {
+            super_blocks: nb,
+            qs: vec![[0; QK_K]; panels * nb * PANEL],
+            d: vec![0.0; panels * nb * PANEL],
+            pair_sums: vec![[0; 2 * PANEL]; panels * nb * PAIRS],
+        };
+        out.qs
+            .par_chunks_mut(nb * PANEL)
+            .zip(out.d.par_chunks_mut(nb * PANEL))
+            .zip(out.pair_sums.par_chunks_mut(nb * PAIRS))
+            .enumerate()
+            .for_each(|(p, ((qs, d), pair_sums))| {
+                for r in 0..PANEL.min(m - p * PANEL) {
+                    let row = &x[(p * PANEL + r) * k..][..k];
+                    for (b, block) in row.chunks_exact(QK_K).enumerate() {
+                        let i = b * PANEL + r;
+                        let mut sums = [0i16; 16];
+                        d[i] = quantize_super_block(block, &mut qs[i], &mut sums);
+                        for t in 0..PAIRS {
+                            let pair = &mut pair_sums[b * PAIRS + t];
+                            pair[2 * r] = sums[2 * t];
+                            pair[2 * r + 1] = sums[2 * t + 1];
+                        }
+                    }
+                }
+            });
+        out
+    }
+
+    /// Super-blocks per row.
+    pub fn super_blocks(&self) -> usize {
+        self.super_blocks
+    }
+
+    pub fn panel(&self, p: usize) -> Q8KPanel<'_> {
+        let nb = self.super_blocks;
+        let rows = p * nb * PANEL..(p + 1) * nb * PANEL;
+        Q8KPanel {
+            qs: &self.qs[rows.clone()],
+            d: &self.d[rows],
+            pair_sums: &self.pair_sums[p * nb * PAIRS..(p + 1) * nb * PAIRS],
+        }
+    }
+}
+
+/// ggml's `nearest_int`: round to nearest, ties to even, for |v| < 2²² (here |v| ≤ 127).
+fn nearest_int(v: f32) -> i32 {
+    ((v + 12_582_912.0).to_bits() & 0x007F_FFFF) as i32 - 0x0040_0000
+}
+
+/// One super-block of 256 values: the values into `q`, the 16 sums of 16 into `sums`;
+/// returns `d`.
+pub(crate) fn quantize_super_block(x: &[f32], q: &mut [i8; QK_K], sums: &mut [i16; 16]) -> f32 {
+    assert_eq!(x.len(), QK_K);
+    let amax = x.iter().fold(0f32, |a, &v| a.max(v.abs()));
+    // llama.cpp keeps the first value of largest magnitude (a strict `>` scan), sign included.
+    let max = match x.iter().find(|v| v.abs() == amax) {
+        Some(&max) if amax != 0.0 => max,
+        _ => {
+            q.fill(0);
+            sums.fill(0);
+            return 0.0;
+        }
+    };
+    let iscale = -127.0 / max;
+    for (qi, &v) in q.iter_mut().zip(x) {
+        *qi = nearest_int(iscale * v).min(127) as i8;
+    }
+    for (s, group) in sums.iter_mut().zip(q.chunks_exact(16)) {
+        *s = group.iter().map(|&v| v as i16).sum();
+    }
+    1.0 / iscale
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantization_follows_llama_cpp() {
+        let mut x = vec![0f32; QK_K];
+        x[0] = -1.0;
+        x[7] = 127.0; // the first of the two largest magnitudes: max = 127, iscale = −1
+        x[8] = -127.0;
+        x[1] = 2.5; // ties go to even: −2.5 → −2
+        x[2] = -3.5; // 3.5 → 4
+        x[20] = 0.49;
+        let (mut q, mut sums) = ([0i8; QK_K], [0i16; 16]);
+        let d = quantize_super_block(&x, &mut q, &mut sums);
+        assert_eq!(d, -1.0);
+        assert_eq!(&q[..9], &[1, -2, 4, 0, 0, 0, 0, -127, 127]);
+        assert_eq!(q[20], 0);
+        assert_eq!(sums[0], 1 - 2 + 4 - 127 + 127);
+        assert_eq!(d, 1.0 / (-127.0f32 / 127.0));
+        let d0 = quantize_super_block(&[0f32; QK_K], &mut q, &mut sums);
+        assert_eq!((d0, q, sums), (0.0, [0; QK_K], [0; 16]));
+    }
+
+    #[test]
+    fn nearest_int_rounds_half_to_even() {
+        for (v, want) in [(0.5, 0), (1.5, 2), (-2.5, -2), (126.5, 126), (-127.0, -127)] {
+            assert_eq!(nearest_int(v), want, "{v}");
+        }
+        for i in -1270..=1270 {
+            let v = i as f32 * 0.1;
+            assert_eq!(nearest_int(v), v.round_ties_even() as i32, "{v}");
+        }
+    }
+
+    #[test]
+    fn panels_hold_rows_in_place_and_pad_with_zeros() {
+        let mut seed = 9u64;
+        let (m, k) = (11, 512);
+        let x: Vec<f32> = (0..m * k)
+            .map(|_| super::super::super::panel::tests::lcg(&mut seed))
+            .collect();
+        let a = Q8KPanels::quantize(&x, m, k);
+        for row in 0..m {
+            let p = a.panel(row / PANEL);
+            let r = row % PANEL;
+            for b in 0..2 {
+                let (mut q, mut sums) = ([0i8; QK_K], [0i16; 16]);
+                let d = quantize_super_block(&x[row * k + b * QK_K..][..QK_K], &mut q, &mut sums);
+                assert_eq!((p.qs[b * PANEL + r], p.d[b * PANEL + r]), (q, d));
+                for t in 0..PAIRS {
+                    let pair = p.pair_sums[b * PAIRS + t];
+                    assert_eq!([pair[2 * r], pair[2 * r + 1]], [sums[2 * t], sums[2 * t + 1]]);
+                }
+            }
+        }
+        let pad = a.panel(1);
+        assert!(pad.qs[PANEL - 1] == [0; QK_K] && pad.d[PANEL - 1] == 0.0);
+        assert_eq!(pad.pair_sums[0][2 * PANEL - 1], 0);
+    }
+}

@@ -1,0 +1,115 @@
+//! AVX2 and AVX-512 pieces shared by the three formats' SIMD kernels.
+use super::super::panel::PANEL;
+use std::arch::x86_64::*;
+
+/// Lane `r` of the result is the sum of the eight i32 lanes of `acc[r]` (exact).
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) fn sum_each(acc: &[__m256i; PANEL]) -> __m256i {
+    let h01 = _mm256_hadd_epi32(acc[0], acc[1]);
+    let h23 = _mm256_hadd_epi32(acc[2], acc[3]);
+    let h45 = _mm256_hadd_epi32(acc[4], acc[5]);
+    let h67 = _mm256_hadd_epi32(acc[6], acc[7]);
+    // Each 128-bit half: rows 0..4 (resp. 4..8), partial sums of that half's lanes.
+    let lo = _mm256_hadd_epi32(h01, h23);
+    let hi = _mm256_hadd_epi32(h45, h67);
+    _mm256_add_epi32(
+        _mm256_permute2x128_si256::<0x20>(lo, hi),
+        _mm256_permute2x128_si256::<0x31>(lo, hi),
+    )
+}
+
+/// For the eight rows of a panel: `Σ_t w[2t]·s_r[2t] + w[2t+1]·s_r[2t+1]`, where
+/// `pair_sums[t]` holds `(s_r[2t], s_r[2t+1])` for rows r = 0..8 (see
+/// [`super::q8k::Q8KPanel::pair_sums`]).
+///
+/// # Safety
+/// `pair_sums` must hold 8 entries.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) unsafe fn weighted_sums(pair_sums: &[[i16; 16]], w: &[i16; 16]) -> __m256i {
+    debug_assert!(pair_sums.len() >= 8);
+    let mut s = _mm256_setzero_si256();
+    for t in 0..8 {
+        // SAFETY: t < 8 ≤ pair_sums.len().
+        let v = unsafe { _mm256_loadu_si256(pair_sums.as_ptr().add(t) as *const __m256i) };
+        let wt = (w[2 * t] as u16 as i32) | ((w[2 * t + 1] as i32) << 16);
+        s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_set1_epi32(wt), v));
+    }
+    s
+}
+
+/// `acc = fma(d_w·d_a, sums, acc)` for the eight rows at once: per lane, the operations of
+/// the portable kernels.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+pub(crate) fn accumulate(acc: __m256, d_w: f32, d_a: __m256, sums: __m256i) -> __m256 {
+    _mm256_fmadd_ps(
+        _mm256_mul_ps(_mm256_set1_ps(d_w), d_a),
+        _mm256_cvtepi32_ps(sums),
+        acc,
+    )
+}
+
+/// `acc[r] += scale·(w·a_r)`, for the eight rows of a panel: `w` 32 unsigned weight values
+/// (< 64, so `maddubs` cannot saturate against |a| ≤ 127), `scale` i16 per pair, `a` the
+/// first row's 32 activations, the next rows `stride` bytes apart.
+///
+/// # Safety
+/// `a + r·stride .. + 32` must be readable for r < 8.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) unsafe fn rows_dot(
+    acc: &mut [__m256i; PANEL],
+    w: __m256i,
+    scale: __m256i,
+    a: *const i8,
+    stride: usize,
+) {
+    for (r, acc_r) in acc.iter_mut().enumerate() {
+        // SAFETY: within the caller's promise.
+        let qa = unsafe { _mm256_loadu_si256(a.add(r * stride) as *const __m256i) };
+        let p = _mm256_madd_epi16(scale, _mm256_maddubs_epi16(w, qa));
+        *acc_r = _mm256_add_epi32(*acc_r, p);
+    }
+}
+
+/// [`rows_dot`] for 64 values per row in AVX-512 (VNNI `vpdpwssd` for the scale products:
+/// the same i32 sums, as nothing overflows).
+///
+/// # Safety
+/// `a + r·stride .. + 64` must be readable for r < 8; AVX-512 BW and VNNI must be present.
+#[inline]
+#[target_feature(enable = "avx2,avx512f,avx512bw,avx512vnni")]
+pub(crate) unsafe fn rows_dot64(
+    acc: &mut [__m512i; PANEL],
+    w: __m512i,
+    scale: __m512i,
+    a: *const i8,
+    stride: usize,
+) {
+    for (r, acc_r) in acc.iter_mut().enumerate() {
+        // SAFETY: within the caller's promise.
+        let qa = unsafe { _mm512_loadu_si512(a.add(r * stride) as *const __m512i) };
+        *acc_r = _mm512_dpwssd_epi32(*acc_r, scale, _mm512_maddubs_epi16(w, qa));
+    }
+}
+
+/// Folds each 512-bit accumulator to 256 bits (exact integer adds).
+#[inline]
+#[target_feature(enable = "avx2,avx512f")]
+pub(crate) fn fold512(acc: &[__m512i; PANEL]) -> [__m256i; PANEL] {
+    std::array::from_fn(|r| {
+        _mm256_add_epi32(
+            _mm512_castsi512_si256(acc[r]),
+            _mm512_extracti64x4_epi64::<1>(acc[r]),
+        )
+    })
+}
+
+/// Two 256-bit halves as one 512-bit register.
+#[inline]
+#[target_feature(enable = "avx2,avx512f")]
+pub(crate) fn join(lo: __m256i, hi: __m256i) -> __m512i {
+    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
+}
