@@ -8,6 +8,8 @@
 //!   quantizes the activations and drives them, blocked for L2). candle's Q4_1 and Q5_0
 //!   products are scalar on x86 (SmolLM2 Q4_1: 18 tokens/s; Gemma 3 Q4_K_M, mostly Q5_0:
 //!   12.7), its Q8_0 one per row; a per-row kernel of ours reached 93 tokens/s, the panels 240.
+//! - [`kquant`] (Q4_K, Q5_K and Q6_K × Q8_K): the K-quant types of Q4_K_M / Q5_K_M / Q6_K
+//!   files, on the same panels and driver; candle computed them one row at a time.
 //! - [`attention`]: causal f32 attention computing only the visible keys, fused from scores to
 //!   values (candle's ops materialised four `[heads, t, t]` tensors per layer).
 //! - [`math`]: a vectorised exponential and SiLU gating (glibc's scalar `expf` was 5–7%).
@@ -49,6 +51,16 @@ pub fn own_matrix(
         m.map(|m| Arc::new(m) as Arc<dyn OwnMatrix>)
     }
     let m = match dtype {
+        // ggml writes K-quants only for rows that are a multiple of 256; other shapes stay with
+        // candle, whose verdict on them stands.
+        GgmlDType::Q4K | GgmlDType::Q5K | GgmlDType::Q6K
+            if k == 0 || !k.is_multiple_of(kquant::QK_K) =>
+        {
+            return None
+        }
+        GgmlDType::Q4K => boxed(kquant::q4k::Q4KMatrix::from_bytes(bytes, n, k)),
+        GgmlDType::Q5K => boxed(kquant::q5k::Q5KMatrix::from_bytes(bytes, n, k)),
+        GgmlDType::Q6K => boxed(kquant::q6k::Q6KMatrix::from_bytes(bytes, n, k)),
         GgmlDType::Q4_1 => boxed(q4_1::Q4_1Matrix::from_bytes(bytes, n, k)),
         GgmlDType::Q5_0 => boxed(int8::Int8Matrix::from_q5_0(bytes, n, k)),
         GgmlDType::Q8_0 => boxed(int8::Int8Matrix::from_q8_0(bytes, n, k)),

@@ -19,6 +19,8 @@
 //! paths run these float operations for the eight rows of a panel as one vector each.
 
 pub mod q4k;
+pub mod q5k;
+pub mod q6k;
 pub mod q8k;
 #[cfg(test)]
 mod tests;
@@ -140,4 +142,3 @@ pub(crate) fn unpack_scales_mins(packed: &[u8; 12]) -> ([u8; 8], [u8; 8]) {
     }
     (scales, mins)
 }
-

@@ -48,8 +48,14 @@ impl SuperBlock for Q4KBlock {
         let (d, dmin) = (self.d.to_f32(), self.dmin.to_f32());
         for (g, out) in out.chunks_exact_mut(64).enumerate() {
             let (lo, hi) = out.split_at_mut(32);
-            let (d1, m1) = (d * self.scales[2 * g] as f32, dmin * self.mins[2 * g] as f32);
-            let (d2, m2) = (d * self.scales[2 * g + 1] as f32, dmin * self.mins[2 * g + 1] as f32);
+            let (d1, m1) = (
+                d * self.scales[2 * g] as f32,
+                dmin * self.mins[2 * g] as f32,
+            );
+            let (d2, m2) = (
+                d * self.scales[2 * g + 1] as f32,
+                dmin * self.mins[2 * g + 1] as f32,
+            );
             for ((l, h), &q) in lo.iter_mut().zip(hi).zip(&self.qs[32 * g..32 * g + 32]) {
                 *l = d1 * (q & 0x0F) as f32 - m1;
                 *h = d2 * (q >> 4) as f32 - m2;
@@ -102,8 +108,8 @@ pub(crate) fn panel_row_portable(row: &[Q4KBlock], a: Q8KPanel<'_>) -> [f32; PAN
 
 #[cfg(target_arch = "x86_64")]
 mod simd {
-    use super::super::x86::{accumulate, fold512, join, rows_dot, rows_dot64, sum_each};
     use super::super::x86::weighted_sums;
+    use super::super::x86::{accumulate, fold512, join, rows_dot, rows_dot64, sum_each};
     use super::*;
     use std::arch::x86_64::*;
 
@@ -225,7 +231,11 @@ mod tests {
             )
         };
         let byte = blk[16 + 32 * (e / 64) + e % 32];
-        let q = if (e / 32) % 2 == 0 { byte & 15 } else { byte >> 4 };
+        let q = if (e / 32) % 2 == 0 {
+            byte & 15
+        } else {
+            byte >> 4
+        };
         d * scale as f64 * q as f64 - dmin * min as f64
     }
 

@@ -41,7 +41,10 @@ pub struct Q8KPanel<'a> {
 impl Q8KPanels {
     /// Quantizes `x [m, k]` (row-major; `k` a multiple of [`QK_K`]).
     pub fn quantize(x: &[f32], m: usize, k: usize) -> Self {
-        assert!(k.is_multiple_of(QK_K) && x.len() == m * k, "activation shape");
+        assert!(
+            k.is_multiple_of(QK_K) && x.len() == m * k,
+            "activation shape"
+        );
         let nb = k / QK_K;
         let panels = m.div_ceil(PANEL);
         let mut out = Q8KPanels {
@@ -170,7 +173,10 @@ mod tests {
                 assert_eq!((p.qs[b * PANEL + r], p.d[b * PANEL + r]), (q, d));
                 for t in 0..PAIRS {
                     let pair = p.pair_sums[b * PAIRS + t];
-                    assert_eq!([pair[2 * r], pair[2 * r + 1]], [sums[2 * t], sums[2 * t + 1]]);
+                    assert_eq!(
+                        [pair[2 * r], pair[2 * r + 1]],
+                        [sums[2 * t], sums[2 * t + 1]]
+                    );
                 }
             }
         }

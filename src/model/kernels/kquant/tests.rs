@@ -68,7 +68,10 @@ pub(crate) fn check_matmul<B: SuperBlock>(generate: Generator, reference: fn(&[u
         for path in [Isa::Avx2, Isa::Avx512] {
             if isa() >= path {
                 let simd = w.matmul_with(&x, m, path);
-                let same = simd.iter().zip(&got).all(|(s, g)| s.to_bits() == g.to_bits());
+                let same = simd
+                    .iter()
+                    .zip(&got)
+                    .all(|(s, g)| s.to_bits() == g.to_bits());
                 assert!(same, "{path:?} differs from portable on ({m},{n},{k})");
             }
         }
@@ -114,7 +117,10 @@ pub(crate) fn check_dequantization<B: SuperBlock>(dtype: GgmlDType, generate: Ge
         for (j, want) in want.iter().enumerate() {
             let mut row = vec![0f32; k];
             w.dequantize_row(j, &mut row);
-            let same = row.iter().zip(want).all(|(a, b)| a.to_bits() == b.to_bits());
+            let same = row
+                .iter()
+                .zip(want)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
             assert!(same, "{dtype:?} row {j}");
         }
     }
