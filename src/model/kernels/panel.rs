@@ -137,20 +137,23 @@ pub fn matmul<K: PanelKernel>(w: &K, x: &[f32], m: usize) -> Vec<f32> {
     let (n, k) = w.shape();
     assert_eq!(x.len(), m * k, "activation shape");
     let a = Panels::quantize(x, m, k);
-    drive(m, n, |p, j| w.panel_row(a.panel(p), j))
+    drive(m, n, 1, |p, j, out| out[0] = w.panel_row(a.panel(p), j))
 }
 
-/// The `[m, n]` outputs of any panel format: `panel_row(p, j)` yields weight row `j`'s outputs
-/// for the [`PANEL`] activation rows of panel `p` (rows past `m` are ignored).
+/// The `[m, n]` outputs of any panel format: `kernel(p, j, out)` writes the outputs of weight
+/// rows `j .. j + out.len()` (at most `group` of them) for the [`PANEL`] activation rows of
+/// panel `p` (outputs of rows past `m` are ignored).
 pub fn drive(
     m: usize,
     n: usize,
-    panel_row: impl Fn(usize, usize) -> [f32; PANEL] + Sync,
+    group: usize,
+    kernel: impl Fn(usize, usize, &mut [[f32; PANEL]]) + Sync,
 ) -> Vec<f32> {
     let mut out = vec![0f32; m * n];
     if m == 0 || n == 0 {
         return out;
     }
+    let group = group.max(1);
     // One task per thread, each a contiguous run of panels, so that each task streams the
     // weights through its cache once per cache block rather than once per panel.
     let panels = m.div_ceil(PANEL);
@@ -159,14 +162,18 @@ pub fn drive(
         .enumerate()
         .for_each(|(t, out)| {
             let rows = out.len() / n;
+            let mut res = vec![[0f32; PANEL]; group];
             for j0 in (0..n).step_by(ROWS_PER_CACHE_BLOCK) {
                 let js = j0..(j0 + ROWS_PER_CACHE_BLOCK).min(n);
                 for p in 0..rows.div_ceil(PANEL) {
                     let live = PANEL.min(rows - p * PANEL);
-                    for j in js.clone() {
-                        let res = panel_row(t * per_task + p, j);
-                        for (r, v) in res.iter().enumerate().take(live) {
-                            out[(p * PANEL + r) * n + j] = *v;
+                    for j in js.clone().step_by(group) {
+                        let res = &mut res[..group.min(js.end - j)];
+                        kernel(t * per_task + p, j, res);
+                        for (c, res) in res.iter().enumerate() {
+                            for (r, v) in res.iter().enumerate().take(live) {
+                                out[(p * PANEL + r) * n + j + c] = *v;
+                            }
                         }
                     }
                 }

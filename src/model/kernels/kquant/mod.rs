@@ -46,11 +46,16 @@ pub trait SuperBlock: Sized + Send + Sync {
     /// candle's) dequantization.
     fn dequantize(&self, out: &mut [f32]);
 
-    /// The outputs of one weight row (`row`: its super-blocks) for the eight activation rows of
-    /// a panel, computed by the `isa` path (capped at what [`super::isa`] allows; every path
-    /// gives the same bits).
-    fn panel_row(row: &[Self], a: Q8KPanel<'_>, isa: Isa) -> [f32; PANEL];
+    /// The outputs of weight rows `0..out.len()` (at most [`GROUP`]; `blocks` holds their
+    /// super-blocks, `nb` per row) for the eight activation rows of a panel, computed by the
+    /// `isa` path (capped at what [`super::isa`] allows; every path gives the same bits).
+    fn panel_rows(blocks: &[Self], nb: usize, a: Q8KPanel<'_>, out: &mut [[f32; PANEL]], isa: Isa);
 }
+
+/// Weight rows per micro-kernel call: each super-block of a panel's activations (2 KiB) is
+/// loaded into L1 once for this many weight rows (one row per call streamed the whole panel,
+/// 64 KiB at k = 8192, from L2 for every weight row).
+pub const GROUP: usize = 4;
 
 /// A K-quant weight matrix `[n, k]` (n outputs, k inputs; k a multiple of [`QK_K`]).
 pub struct KQuantMatrix<B: SuperBlock> {
@@ -88,7 +93,11 @@ impl<B: SuperBlock> KQuantMatrix<B> {
     pub fn matmul_with(&self, x: &[f32], m: usize, isa: Isa) -> Vec<f32> {
         assert_eq!(x.len(), m * self.k, "activation shape");
         let a = Q8KPanels::quantize(x, m, self.k);
-        panel::drive(m, self.n, |p, j| B::panel_row(self.row(j), a.panel(p), isa))
+        let nb = self.k / QK_K;
+        panel::drive(m, self.n, GROUP, |p, j, out| {
+            let blocks = &self.blocks[j * nb..(j + out.len()) * nb];
+            B::panel_rows(blocks, nb, a.panel(p), out, isa)
+        })
     }
 
     /// Row `j` as f32 (ggml's and candle's dequantization).
@@ -125,6 +134,19 @@ impl<B: SuperBlock> super::OwnMatrix for KQuantMatrix<B> {
 /// The path to run: `wanted`, capped at what this CPU allows.
 pub(crate) fn path(wanted: Isa) -> Isa {
     wanted.min(super::isa())
+}
+
+/// The portable path of [`SuperBlock::panel_rows`], given the one-row definition.
+pub(crate) fn rows_portable<B>(
+    blocks: &[B],
+    nb: usize,
+    a: Q8KPanel<'_>,
+    out: &mut [[f32; PANEL]],
+    row: fn(&[B], Q8KPanel<'_>) -> [f32; PANEL],
+) {
+    for (o, blocks) in out.iter_mut().zip(blocks.chunks_exact(nb)) {
+        *o = row(blocks, a);
+    }
 }
 
 /// The scales and mins of Q4_K/Q5_K's eight 32-value sub-blocks, unpacked from the 12 bytes

@@ -12,8 +12,8 @@ use half::f16;
 
 use super::super::panel::PANEL;
 use super::super::Isa;
-use super::q8k::{Q8KPanel, PAIRS};
-use super::{path, unpack_scales_mins, KQuantMatrix, SuperBlock, QK_K};
+use super::q8k::Q8KPanel;
+use super::{path, rows_portable, unpack_scales_mins, KQuantMatrix, SuperBlock, QK_K};
 
 /// A Q5_K weight matrix.
 pub type Q5KMatrix = KQuantMatrix<Q5KBlock>;
@@ -72,15 +72,15 @@ impl SuperBlock for Q5KBlock {
         }
     }
 
-    fn panel_row(row: &[Self], a: Q8KPanel<'_>, isa: Isa) -> [f32; PANEL] {
+    fn panel_rows(blocks: &[Self], nb: usize, a: Q8KPanel<'_>, out: &mut [[f32; PANEL]], isa: Isa) {
         match path(isa) {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `path` allows AVX-512 only where the CPU has it.
-            Isa::Avx512 => unsafe { simd::panel_row_avx512(row, a) },
+            Isa::Avx512 => unsafe { simd::panel_rows_avx512(blocks, nb, a, out) },
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: `path` allows AVX2 only where the CPU has it (and FMA).
-            Isa::Avx2 => unsafe { simd::panel_row_avx2(row, a) },
-            _ => panel_row_portable(row, a),
+            // SAFETY: `path` allows AVX2 only where the CPU has it (and FMA, F16C).
+            Isa::Avx2 => unsafe { simd::panel_rows_avx2(blocks, nb, a, out) },
+            _ => rows_portable(blocks, nb, a, out, panel_row_portable),
         }
     }
 }
@@ -113,11 +113,9 @@ pub(crate) fn panel_row_portable(row: &[Q5KBlock], a: Q8KPanel<'_>) -> [f32; PAN
                 }
                 sum += blk.scales[2 * g] as i32 * lo + blk.scales[2 * g + 1] as i32 * hi;
             }
-            let mins: i32 = (0..PAIRS)
-                .map(|t| {
-                    let pair = a.pair_sums[b * PAIRS + t];
-                    blk.mins[t] as i32 * (pair[2 * r] as i32 + pair[2 * r + 1] as i32)
-                })
+            let bsums = &a.bsums[b * PANEL + r];
+            let mins: i32 = (0..8)
+                .map(|s| blk.mins[s] as i32 * (bsums[2 * s] as i32 + bsums[2 * s + 1] as i32))
                 .sum();
             let da = a.d[b * PANEL + r];
             acc = (blk.d.to_f32() * da).mul_add(sum as f32, acc);
@@ -129,20 +127,15 @@ pub(crate) fn panel_row_portable(row: &[Q5KBlock], a: Q8KPanel<'_>) -> [f32; PAN
 
 #[cfg(target_arch = "x86_64")]
 mod simd {
-    use super::super::x86::weighted_sums;
-    use super::super::x86::{accumulate, fold512, join, rows_dot, rows_dot64, sum_each};
+    use super::super::x86::{accumulate, fold512, halves, join, lanes, rows_dot, rows_dot64};
+    use super::super::x86::{sum_each, weighted_sums};
+    use super::super::GROUP;
     use super::*;
     use std::arch::x86_64::*;
 
-    /// `mins` of a super-block as the weights of [`weighted_sums`]: `min_t` for both sums of
-    /// pair `t`.
-    fn min_pairs(blk: &Q5KBlock) -> [i16; 16] {
-        std::array::from_fn(|i| blk.mins[i / 2] as i16)
-    }
-
-    /// The float tail shared by both paths: folds one super-block's sums into the
-    /// accumulators of the eight rows.
-    #[target_feature(enable = "avx2,fma")]
+    /// The float tail shared by both paths: the mins through the activation sums, then one
+    /// super-block's sums folded into the accumulators of the eight rows.
+    #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn fold_super_block(
         acc: &mut [__m256; 2],
         blk: &Q5KBlock,
@@ -150,92 +143,111 @@ mod simd {
         b: usize,
         sums: __m256i,
     ) {
+        // min_s for both 16-value sums of sub-block s.
+        let m = _mm_loadl_epi64(blk.mins.as_ptr() as *const __m128i);
+        let min_weights = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m, m));
+        let mins = sum_each(&weighted_sums(&a.bsums[b * PANEL..], min_weights));
         // SAFETY: the callers asserted that `a` holds super-block b.
         let da = _mm256_loadu_ps(a.d.as_ptr().add(b * PANEL));
-        let mins = weighted_sums(&a.pair_sums[b * PAIRS..], &min_pairs(blk));
-        acc[0] = accumulate(acc[0], blk.d.to_f32(), da, sums);
-        acc[1] = accumulate(acc[1], blk.dmin.to_f32(), da, mins);
+        let (d, dmin) = halves(blk.d.to_bits() as u32 | (blk.dmin.to_bits() as u32) << 16);
+        acc[0] = accumulate(acc[0], d, da, sums);
+        acc[1] = accumulate(acc[1], dmin, da, mins);
     }
 
-    #[target_feature(enable = "avx2,fma")]
-    fn finish(acc: [__m256; 2]) -> [f32; PANEL] {
-        let mut out = [0f32; PANEL];
-        // SAFETY: `out` holds eight floats.
-        unsafe { _mm256_storeu_ps(out.as_mut_ptr(), _mm256_sub_ps(acc[0], acc[1])) };
-        out
-    }
-
-    /// Each 32-value group decoded once, then multiplied with the eight rows' activations.
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn panel_row_avx2(row: &[Q5KBlock], a: Q8KPanel<'_>) -> [f32; PANEL] {
-        let nb = row.len();
+    fn check_sizes(blocks: &[Q5KBlock], nb: usize, a: Q8KPanel<'_>, out: &[[f32; PANEL]]) {
+        assert!(out.len() <= GROUP && blocks.len() == out.len() * nb);
         assert!(a.qs.len() >= nb * PANEL && a.d.len() >= nb * PANEL);
-        assert!(a.pair_sums.len() >= nb * PAIRS);
+        assert!(a.bsums.len() >= nb * PANEL);
+    }
+
+    /// Super-block by super-block, for each weight row of the group: each 32-value group
+    /// decoded once, then multiplied with the eight rows' activations.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn panel_rows_avx2(
+        blocks: &[Q5KBlock],
+        nb: usize,
+        a: Q8KPanel<'_>,
+        out: &mut [[f32; PANEL]],
+    ) {
+        check_sizes(blocks, nb, a, out);
         let low = _mm256_set1_epi8(0x0F);
         let one = _mm256_set1_epi8(1);
-        let mut acc = [_mm256_setzero_ps(); 2];
-        for (b, blk) in row.iter().enumerate() {
-            // SAFETY (activation reads): super-block b of all eight rows, asserted above.
+        let mut acc = [[_mm256_setzero_ps(); 2]; GROUP];
+        for b in 0..nb {
+            // SAFETY (activation reads): super-block b of all eight rows, checked above.
             let qa = a.qs.as_ptr().add(b * PANEL) as *const i8;
-            let mut sums = [_mm256_setzero_si256(); PANEL];
-            // Shifted right by one per 32 values, so bit 0 of each byte is the next high bit
-            // (16-bit shifts: what crosses from the upper byte lands above bit 0).
-            let mut high = _mm256_loadu_si256(blk.qh.as_ptr() as *const __m256i);
-            for g in 0..4 {
-                let raw = _mm256_loadu_si256(blk.qs.as_ptr().add(32 * g) as *const __m256i);
-                let lo = _mm256_or_si256(
-                    _mm256_and_si256(raw, low),
-                    _mm256_slli_epi16::<4>(_mm256_and_si256(high, one)),
-                );
-                high = _mm256_srli_epi16::<1>(high);
-                let hi = _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(raw), low),
-                    _mm256_slli_epi16::<4>(_mm256_and_si256(high, one)),
-                );
-                high = _mm256_srli_epi16::<1>(high);
-                let s_lo = _mm256_set1_epi16(blk.scales[2 * g] as i16);
-                let s_hi = _mm256_set1_epi16(blk.scales[2 * g + 1] as i16);
-                rows_dot(&mut sums, lo, s_lo, qa.add(64 * g), QK_K);
-                rows_dot(&mut sums, hi, s_hi, qa.add(64 * g + 32), QK_K);
+            for (c, acc) in acc.iter_mut().enumerate().take(out.len()) {
+                let blk = &blocks[c * nb + b];
+                let mut sums = [_mm256_setzero_si256(); PANEL];
+                // Shifted right by one per 32 values, so bit 0 of each byte is the next high
+                // bit (16-bit shifts: what crosses from the upper byte lands above bit 0).
+                let mut high = _mm256_loadu_si256(blk.qh.as_ptr() as *const __m256i);
+                for g in 0..4 {
+                    let raw = _mm256_loadu_si256(blk.qs.as_ptr().add(32 * g) as *const __m256i);
+                    let lo = _mm256_or_si256(
+                        _mm256_and_si256(raw, low),
+                        _mm256_slli_epi16::<4>(_mm256_and_si256(high, one)),
+                    );
+                    high = _mm256_srli_epi16::<1>(high);
+                    let hi = _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16::<4>(raw), low),
+                        _mm256_slli_epi16::<4>(_mm256_and_si256(high, one)),
+                    );
+                    high = _mm256_srli_epi16::<1>(high);
+                    let s_lo = _mm256_set1_epi16(blk.scales[2 * g] as i16);
+                    let s_hi = _mm256_set1_epi16(blk.scales[2 * g + 1] as i16);
+                    rows_dot(&mut sums, lo, s_lo, qa.add(64 * g), QK_K);
+                    rows_dot(&mut sums, hi, s_hi, qa.add(64 * g + 32), QK_K);
+                }
+                fold_super_block(acc, blk, a, b, sum_each(&sums));
             }
-            fold_super_block(&mut acc, blk, a, b, sum_each(&sums));
         }
-        finish(acc)
+        for (o, acc) in out.iter_mut().zip(acc) {
+            *o = lanes(_mm256_sub_ps(acc[0], acc[1]));
+        }
     }
 
-    /// Each 64-value group (two sub-blocks) decoded once into a 512-bit register.
-    #[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vnni")]
-    pub(super) unsafe fn panel_row_avx512(row: &[Q5KBlock], a: Q8KPanel<'_>) -> [f32; PANEL] {
-        let nb = row.len();
-        assert!(a.qs.len() >= nb * PANEL && a.d.len() >= nb * PANEL);
-        assert!(a.pair_sums.len() >= nb * PAIRS);
+    /// As the AVX2 path, each 64-value group (two sub-blocks) in one 512-bit register.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
+    pub(super) unsafe fn panel_rows_avx512(
+        blocks: &[Q5KBlock],
+        nb: usize,
+        a: Q8KPanel<'_>,
+        out: &mut [[f32; PANEL]],
+    ) {
+        check_sizes(blocks, nb, a, out);
         let low = _mm512_set1_epi8(0x0F);
         let one = _mm512_set1_epi8(1);
-        let mut acc = [_mm256_setzero_ps(); 2];
-        for (b, blk) in row.iter().enumerate() {
-            // SAFETY (activation reads): super-block b of all eight rows, asserted above.
+        let mut acc = [[_mm256_setzero_ps(); 2]; GROUP];
+        for b in 0..nb {
+            // SAFETY (activation reads): super-block b of all eight rows, checked above.
             let qa = a.qs.as_ptr().add(b * PANEL) as *const i8;
-            let mut sums = [_mm512_setzero_si512(); PANEL];
-            // The high bits of sub-block 2g in the low half, of 2g + 1 in the upper half,
-            // shifted right by two per 64 values (as in the AVX2 path, per byte).
-            let qh = _mm256_loadu_si256(blk.qh.as_ptr() as *const __m256i);
-            let mut high = join(qh, _mm256_srli_epi16::<1>(qh));
-            for g in 0..4 {
-                let raw = _mm256_loadu_si256(blk.qs.as_ptr().add(32 * g) as *const __m256i);
-                let w = _mm512_or_si512(
-                    _mm512_and_si512(join(raw, _mm256_srli_epi16::<4>(raw)), low),
-                    _mm512_slli_epi16::<4>(_mm512_and_si512(high, one)),
-                );
-                high = _mm512_srli_epi16::<2>(high);
-                let scale = join(
-                    _mm256_set1_epi16(blk.scales[2 * g] as i16),
-                    _mm256_set1_epi16(blk.scales[2 * g + 1] as i16),
-                );
-                rows_dot64(&mut sums, w, scale, qa.add(64 * g), QK_K);
+            for (c, acc) in acc.iter_mut().enumerate().take(out.len()) {
+                let blk = &blocks[c * nb + b];
+                let mut sums = [_mm512_setzero_si512(); PANEL];
+                // The high bits of sub-block 2g in the low half, of 2g + 1 in the upper half,
+                // shifted right by two per 64 values (as in the AVX2 path, per byte).
+                let qh = _mm256_loadu_si256(blk.qh.as_ptr() as *const __m256i);
+                let mut high = join(qh, _mm256_srli_epi16::<1>(qh));
+                for g in 0..4 {
+                    let raw = _mm256_loadu_si256(blk.qs.as_ptr().add(32 * g) as *const __m256i);
+                    let w = _mm512_or_si512(
+                        _mm512_and_si512(join(raw, _mm256_srli_epi16::<4>(raw)), low),
+                        _mm512_slli_epi16::<4>(_mm512_and_si512(high, one)),
+                    );
+                    high = _mm512_srli_epi16::<2>(high);
+                    let scale = join(
+                        _mm256_set1_epi16(blk.scales[2 * g] as i16),
+                        _mm256_set1_epi16(blk.scales[2 * g + 1] as i16),
+                    );
+                    rows_dot64(&mut sums, w, scale, qa.add(64 * g), QK_K);
+                }
+                fold_super_block(acc, blk, a, b, sum_each(&fold512(&sums)));
             }
-            fold_super_block(&mut acc, blk, a, b, sum_each(&fold512(&sums)));
         }
-        finish(acc)
+        for (o, acc) in out.iter_mut().zip(acc) {
+            *o = lanes(_mm256_sub_ps(acc[0], acc[1]));
+        }
     }
 }
 
@@ -273,7 +285,7 @@ mod tests {
             )
         };
         let byte = blk[48 + 32 * (e / 64) + e % 32];
-        let low = if (e / 32) % 2 == 0 {
+        let low = if (e / 32).is_multiple_of(2) {
             byte & 15
         } else {
             byte >> 4

@@ -11,8 +11,8 @@ use half::f16;
 
 use super::super::panel::PANEL;
 use super::super::Isa;
-use super::q8k::{Q8KPanel, PAIRS};
-use super::{path, KQuantMatrix, SuperBlock, QK_K};
+use super::q8k::Q8KPanel;
+use super::{path, rows_portable, KQuantMatrix, SuperBlock, QK_K};
 
 /// A Q6_K weight matrix.
 pub type Q6KMatrix = KQuantMatrix<Q6KBlock>;
@@ -61,15 +61,15 @@ impl SuperBlock for Q6KBlock {
         }
     }
 
-    fn panel_row(row: &[Self], a: Q8KPanel<'_>, isa: Isa) -> [f32; PANEL] {
+    fn panel_rows(blocks: &[Self], nb: usize, a: Q8KPanel<'_>, out: &mut [[f32; PANEL]], isa: Isa) {
         match path(isa) {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `path` allows AVX-512 only where the CPU has it.
-            Isa::Avx512 => unsafe { simd::panel_row_avx512(row, a) },
+            Isa::Avx512 => unsafe { simd::panel_rows_avx512(blocks, nb, a, out) },
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: `path` allows AVX2 only where the CPU has it (and FMA).
-            Isa::Avx2 => unsafe { simd::panel_row_avx2(row, a) },
-            _ => panel_row_portable(row, a),
+            // SAFETY: `path` allows AVX2 only where the CPU has it (and FMA, F16C).
+            Isa::Avx2 => unsafe { simd::panel_rows_avx2(blocks, nb, a, out) },
+            _ => rows_portable(blocks, nb, a, out, panel_row_portable),
         }
     }
 }
@@ -96,35 +96,35 @@ pub(crate) fn panel_row_portable(row: &[Q6KBlock], a: Q8KPanel<'_>) -> [f32; PAN
 
 #[cfg(target_arch = "x86_64")]
 mod simd {
-    use super::super::x86::weighted_sums;
-    use super::super::x86::{accumulate, fold512, join, rows_dot, rows_dot64, sum_each};
+    use super::super::x86::{accumulate, fold512, halves, join, lanes, rows_dot, rows_dot64};
+    use super::super::x86::{sum_each, weighted_sums};
+    use super::super::GROUP;
     use super::*;
     use std::arch::x86_64::*;
 
-    /// The float tail shared by both paths: the −32 offset through the activation sums, then
-    /// the super-block's sums folded into the accumulators of the eight rows.
-    #[target_feature(enable = "avx2,fma")]
+    /// The integer and float tail shared by both paths: the −32 offset through the activation
+    /// sums (`32·scale` fits in i16), then the super-block's sums folded into the accumulators
+    /// of the eight rows.
+    #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn fold_super_block(
         acc: __m256,
         blk: &Q6KBlock,
         a: Q8KPanel<'_>,
         b: usize,
-        sums: __m256i,
+        sums: [__m256i; PANEL],
     ) -> __m256 {
-        let scales: [i16; 16] = std::array::from_fn(|s| blk.scales[s] as i16);
-        let offset = weighted_sums(&a.pair_sums[b * PAIRS..], &scales);
-        let sums = _mm256_sub_epi32(sums, _mm256_slli_epi32::<5>(offset));
-        // SAFETY: the callers asserted that `a` holds super-block b.
+        let scales = _mm256_cvtepi8_epi16(_mm_loadu_si128(blk.scales.as_ptr() as *const __m128i));
+        let offsets = weighted_sums(&a.bsums[b * PANEL..], _mm256_slli_epi16::<5>(scales));
+        let sums: [__m256i; PANEL] = std::array::from_fn(|r| _mm256_sub_epi32(sums[r], offsets[r]));
+        // SAFETY: the callers checked that `a` holds super-block b.
         let da = _mm256_loadu_ps(a.d.as_ptr().add(b * PANEL));
-        accumulate(acc, blk.d.to_f32(), da, sums)
+        accumulate(acc, halves(blk.d.to_bits() as u32).0, da, sum_each(&sums))
     }
 
-    #[target_feature(enable = "avx2,fma")]
-    fn finish(acc: __m256) -> [f32; PANEL] {
-        let mut out = [0f32; PANEL];
-        // SAFETY: `out` holds eight floats.
-        unsafe { _mm256_storeu_ps(out.as_mut_ptr(), acc) };
-        out
+    fn check_sizes(blocks: &[Q6KBlock], nb: usize, a: Q8KPanel<'_>, out: &[[f32; PANEL]]) {
+        assert!(out.len() <= GROUP && blocks.len() == out.len() * nb);
+        assert!(a.qs.len() >= nb * PANEL && a.d.len() >= nb * PANEL);
+        assert!(a.bsums.len() >= nb * PANEL);
     }
 
     /// `scale_{2G}` in the low 128-bit lane, `scale_{2G+1}` in the high one, as i16.
@@ -136,87 +136,104 @@ mod simd {
         )
     }
 
-    /// Each 32-value group decoded once (unsigned, 0..64), then multiplied with the eight
-    /// rows' activations.
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn panel_row_avx2(row: &[Q6KBlock], a: Q8KPanel<'_>) -> [f32; PANEL] {
-        let nb = row.len();
-        assert!(a.qs.len() >= nb * PANEL && a.d.len() >= nb * PANEL);
-        assert!(a.pair_sums.len() >= nb * PAIRS);
+    /// Super-block by super-block, for each weight row of the group: each 32-value group
+    /// decoded once (unsigned, 0..64), then multiplied with the eight rows' activations.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn panel_rows_avx2(
+        blocks: &[Q6KBlock],
+        nb: usize,
+        a: Q8KPanel<'_>,
+        out: &mut [[f32; PANEL]],
+    ) {
+        check_sizes(blocks, nb, a, out);
         let low = _mm256_set1_epi8(0x0F);
         let two_bits = _mm256_set1_epi8(3);
-        let mut acc = _mm256_setzero_ps();
-        for (b, blk) in row.iter().enumerate() {
-            // SAFETY (activation reads): super-block b of all eight rows, asserted above.
+        let mut acc = [_mm256_setzero_ps(); GROUP];
+        for b in 0..nb {
+            // SAFETY (activation reads): super-block b of all eight rows, checked above.
             let qa = a.qs.as_ptr().add(b * PANEL) as *const i8;
-            let mut sums = [_mm256_setzero_si256(); PANEL];
-            for h in 0..2 {
-                let ql = [
-                    _mm256_loadu_si256(blk.ql.as_ptr().add(64 * h) as *const __m256i),
-                    _mm256_loadu_si256(blk.ql.as_ptr().add(64 * h + 32) as *const __m256i),
-                ];
-                let mut high = _mm256_loadu_si256(blk.qh.as_ptr().add(32 * h) as *const __m256i);
-                for i in 0..4 {
-                    let nibbles = if i < 2 {
-                        ql[i]
-                    } else {
-                        _mm256_srli_epi16::<4>(ql[i - 2])
-                    };
-                    // 16-bit shifts by at most 6: what crosses from the upper byte stays
-                    // above the two bits kept.
-                    let w = _mm256_or_si256(
-                        _mm256_and_si256(nibbles, low),
-                        _mm256_slli_epi16::<4>(_mm256_and_si256(high, two_bits)),
-                    );
-                    high = _mm256_srli_epi16::<2>(high);
-                    let group = 4 * h + i;
-                    let scale = group_scales(blk, group);
-                    rows_dot(&mut sums, w, scale, qa.add(32 * group), QK_K);
+            for (c, acc) in acc.iter_mut().enumerate().take(out.len()) {
+                let blk = &blocks[c * nb + b];
+                let mut sums = [_mm256_setzero_si256(); PANEL];
+                for h in 0..2 {
+                    let ql = [
+                        _mm256_loadu_si256(blk.ql.as_ptr().add(64 * h) as *const __m256i),
+                        _mm256_loadu_si256(blk.ql.as_ptr().add(64 * h + 32) as *const __m256i),
+                    ];
+                    let mut high =
+                        _mm256_loadu_si256(blk.qh.as_ptr().add(32 * h) as *const __m256i);
+                    for i in 0..4 {
+                        let nibbles = if i < 2 {
+                            ql[i]
+                        } else {
+                            _mm256_srli_epi16::<4>(ql[i - 2])
+                        };
+                        // 16-bit shifts by at most 6: what crosses from the upper byte stays
+                        // above the two bits kept.
+                        let w = _mm256_or_si256(
+                            _mm256_and_si256(nibbles, low),
+                            _mm256_slli_epi16::<4>(_mm256_and_si256(high, two_bits)),
+                        );
+                        high = _mm256_srli_epi16::<2>(high);
+                        let group = 4 * h + i;
+                        let scale = group_scales(blk, group);
+                        rows_dot(&mut sums, w, scale, qa.add(32 * group), QK_K);
+                    }
                 }
+                *acc = fold_super_block(*acc, blk, a, b, sums);
             }
-            acc = fold_super_block(acc, blk, a, b, sum_each(&sums));
         }
-        finish(acc)
+        for (o, acc) in out.iter_mut().zip(acc) {
+            *o = lanes(acc);
+        }
     }
 
-    /// Two 32-value groups (four sub-blocks) decoded at once into a 512-bit register.
-    #[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vnni")]
-    pub(super) unsafe fn panel_row_avx512(row: &[Q6KBlock], a: Q8KPanel<'_>) -> [f32; PANEL] {
-        let nb = row.len();
-        assert!(a.qs.len() >= nb * PANEL && a.d.len() >= nb * PANEL);
-        assert!(a.pair_sums.len() >= nb * PAIRS);
+    /// As the AVX2 path, two 32-value groups (four sub-blocks) in one 512-bit register.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
+    pub(super) unsafe fn panel_rows_avx512(
+        blocks: &[Q6KBlock],
+        nb: usize,
+        a: Q8KPanel<'_>,
+        out: &mut [[f32; PANEL]],
+    ) {
+        check_sizes(blocks, nb, a, out);
         let low = _mm512_set1_epi8(0x0F);
         let two_bits = _mm512_set1_epi8(3);
-        let mut acc = _mm256_setzero_ps();
-        for (b, blk) in row.iter().enumerate() {
-            // SAFETY (activation reads): super-block b of all eight rows, asserted above.
+        let mut acc = [_mm256_setzero_ps(); GROUP];
+        for b in 0..nb {
+            // SAFETY (activation reads): super-block b of all eight rows, checked above.
             let qa = a.qs.as_ptr().add(b * PANEL) as *const i8;
-            let mut sums = [_mm512_setzero_si512(); PANEL];
-            for h in 0..2 {
-                // Groups 4h and 4h + 1 (then 4h + 2 and 4h + 3): the same 64 bytes of ql,
-                // low then high nibbles; their high bits at 2i and 2i + 2.
-                let ql = _mm512_loadu_si512(blk.ql.as_ptr().add(64 * h) as *const __m512i);
-                let qh = _mm256_loadu_si256(blk.qh.as_ptr().add(32 * h) as *const __m256i);
-                let mut high = join(qh, _mm256_srli_epi16::<2>(qh));
-                for i in [0, 2] {
-                    let nibbles = if i == 0 {
-                        ql
-                    } else {
-                        _mm512_srli_epi16::<4>(ql)
-                    };
-                    let w = _mm512_or_si512(
-                        _mm512_and_si512(nibbles, low),
-                        _mm512_slli_epi16::<4>(_mm512_and_si512(high, two_bits)),
-                    );
-                    high = _mm512_srli_epi16::<4>(high);
-                    let group = 4 * h + i;
-                    let scale = join(group_scales(blk, group), group_scales(blk, group + 1));
-                    rows_dot64(&mut sums, w, scale, qa.add(32 * group), QK_K);
+            for (c, acc) in acc.iter_mut().enumerate().take(out.len()) {
+                let blk = &blocks[c * nb + b];
+                let mut sums = [_mm512_setzero_si512(); PANEL];
+                for h in 0..2 {
+                    // Groups 4h and 4h + 1 (then 4h + 2 and 4h + 3): the same 64 bytes of ql,
+                    // low then high nibbles; their high bits at 2i and 2i + 2.
+                    let ql = _mm512_loadu_si512(blk.ql.as_ptr().add(64 * h) as *const __m512i);
+                    let qh = _mm256_loadu_si256(blk.qh.as_ptr().add(32 * h) as *const __m256i);
+                    let mut high = join(qh, _mm256_srli_epi16::<2>(qh));
+                    for i in [0, 2] {
+                        let nibbles = if i == 0 {
+                            ql
+                        } else {
+                            _mm512_srli_epi16::<4>(ql)
+                        };
+                        let w = _mm512_or_si512(
+                            _mm512_and_si512(nibbles, low),
+                            _mm512_slli_epi16::<4>(_mm512_and_si512(high, two_bits)),
+                        );
+                        high = _mm512_srli_epi16::<4>(high);
+                        let group = 4 * h + i;
+                        let scale = join(group_scales(blk, group), group_scales(blk, group + 1));
+                        rows_dot64(&mut sums, w, scale, qa.add(32 * group), QK_K);
+                    }
                 }
+                *acc = fold_super_block(*acc, blk, a, b, fold512(&sums));
             }
-            acc = fold_super_block(acc, blk, a, b, sum_each(&fold512(&sums)));
         }
-        finish(acc)
+        for (o, acc) in out.iter_mut().zip(acc) {
+            *o = lanes(acc);
+        }
     }
 }
 

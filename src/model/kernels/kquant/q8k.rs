@@ -12,17 +12,16 @@ use rayon::prelude::*;
 use super::super::panel::PANEL;
 use super::QK_K;
 
-/// Pairs of 16-value sums per super-block (one pair per 32 values).
-pub const PAIRS: usize = QK_K / 32;
+/// Sums of 16 values per super-block.
+pub const SUMS: usize = QK_K / 16;
 
 /// Activations `[m, k]` in Q8_K, panel by panel: panel `p`, super-block `b`, row `r` of the
-/// panel at index `(p·nb + b)·PANEL + r` of `qs` and `d`; the sums at `(p·nb + b)·PAIRS + t`
-/// of `pair_sums` (see [`Q8KPanel::pair_sums`]). Rows past `m` in the last panel are zero.
+/// panel at index `(p·nb + b)·PANEL + r`. Rows past `m` in the last panel are zero.
 pub struct Q8KPanels {
     super_blocks: usize,
     qs: Vec<[i8; QK_K]>,
     d: Vec<f32>,
-    pair_sums: Vec<[i16; 2 * PANEL]>,
+    bsums: Vec<[i16; SUMS]>,
 }
 
 /// One panel's super-blocks.
@@ -32,10 +31,8 @@ pub struct Q8KPanel<'a> {
     pub qs: &'a [[i8; QK_K]],
     /// `d[b·PANEL + r]`: row r's scale in super-block b.
     pub d: &'a [f32],
-    /// `pair_sums[b·PAIRS + t][2r + i]`: row r's sum of values `32t + 16i .. 32t + 16i + 16`
-    /// in super-block b, laid out so that one `madd` against a pair of per-sub-block weights
-    /// yields a weighted sum for each of the eight rows.
-    pub pair_sums: &'a [[i16; 2 * PANEL]],
+    /// `bsums[b·PANEL + r][i]`: row r's sum of values `16i .. 16i + 16` in super-block b.
+    pub bsums: &'a [[i16; SUMS]],
 }
 
 impl Q8KPanels {
@@ -51,25 +48,19 @@ impl Q8KPanels {
             super_blocks: nb,
             qs: vec![[0; QK_K]; panels * nb * PANEL],
             d: vec![0.0; panels * nb * PANEL],
-            pair_sums: vec![[0; 2 * PANEL]; panels * nb * PAIRS],
+            bsums: vec![[0; SUMS]; panels * nb * PANEL],
         };
         out.qs
             .par_chunks_mut(nb * PANEL)
             .zip(out.d.par_chunks_mut(nb * PANEL))
-            .zip(out.pair_sums.par_chunks_mut(nb * PAIRS))
+            .zip(out.bsums.par_chunks_mut(nb * PANEL))
             .enumerate()
-            .for_each(|(p, ((qs, d), pair_sums))| {
+            .for_each(|(p, ((qs, d), bsums))| {
                 for r in 0..PANEL.min(m - p * PANEL) {
                     let row = &x[(p * PANEL + r) * k..][..k];
                     for (b, block) in row.chunks_exact(QK_K).enumerate() {
                         let i = b * PANEL + r;
-                        let mut sums = [0i16; 16];
-                        d[i] = quantize_super_block(block, &mut qs[i], &mut sums);
-                        for t in 0..PAIRS {
-                            let pair = &mut pair_sums[b * PAIRS + t];
-                            pair[2 * r] = sums[2 * t];
-                            pair[2 * r + 1] = sums[2 * t + 1];
-                        }
+                        d[i] = quantize_super_block(block, &mut qs[i], &mut bsums[i]);
                     }
                 }
             });
@@ -86,8 +77,8 @@ impl Q8KPanels {
         let rows = p * nb * PANEL..(p + 1) * nb * PANEL;
         Q8KPanel {
             qs: &self.qs[rows.clone()],
-            d: &self.d[rows],
-            pair_sums: &self.pair_sums[p * nb * PAIRS..(p + 1) * nb * PAIRS],
+            d: &self.d[rows.clone()],
+            bsums: &self.bsums[rows],
         }
     }
 }
@@ -99,7 +90,7 @@ fn nearest_int(v: f32) -> i32 {
 
 /// One super-block of 256 values: the values into `q`, the 16 sums of 16 into `sums`;
 /// returns `d`.
-pub(crate) fn quantize_super_block(x: &[f32], q: &mut [i8; QK_K], sums: &mut [i16; 16]) -> f32 {
+pub(crate) fn quantize_super_block(x: &[f32], q: &mut [i8; QK_K], sums: &mut [i16; SUMS]) -> f32 {
     assert_eq!(x.len(), QK_K);
     let amax = x.iter().fold(0f32, |a, &v| a.max(v.abs()));
     // llama.cpp keeps the first value of largest magnitude (a strict `>` scan), sign included.
@@ -170,18 +161,12 @@ mod tests {
             for b in 0..2 {
                 let (mut q, mut sums) = ([0i8; QK_K], [0i16; 16]);
                 let d = quantize_super_block(&x[row * k + b * QK_K..][..QK_K], &mut q, &mut sums);
-                assert_eq!((p.qs[b * PANEL + r], p.d[b * PANEL + r]), (q, d));
-                for t in 0..PAIRS {
-                    let pair = p.pair_sums[b * PAIRS + t];
-                    assert_eq!(
-                        [pair[2 * r], pair[2 * r + 1]],
-                        [sums[2 * t], sums[2 * t + 1]]
-                    );
-                }
+                let i = b * PANEL + r;
+                assert_eq!((p.qs[i], p.d[i], p.bsums[i]), (q, d, sums));
             }
         }
         let pad = a.panel(1);
         assert!(pad.qs[PANEL - 1] == [0; QK_K] && pad.d[PANEL - 1] == 0.0);
-        assert_eq!(pad.pair_sums[0][2 * PANEL - 1], 0);
+        assert_eq!(pad.bsums[PANEL - 1], [0; SUMS]);
     }
 }

@@ -1,5 +1,7 @@
 //! AVX2 and AVX-512 pieces shared by the three formats' SIMD kernels.
+
 use super::super::panel::PANEL;
+use super::q8k::SUMS;
 use std::arch::x86_64::*;
 
 /// Lane `r` of the result is the sum of the eight i32 lanes of `acc[r]` (exact).
@@ -19,24 +21,22 @@ pub(crate) fn sum_each(acc: &[__m256i; PANEL]) -> __m256i {
     )
 }
 
-/// For the eight rows of a panel: `Σ_t w[2t]·s_r[2t] + w[2t+1]·s_r[2t+1]`, where
-/// `pair_sums[t]` holds `(s_r[2t], s_r[2t+1])` for rows r = 0..8 (see
-/// [`super::q8k::Q8KPanel::pair_sums`]).
+/// Row `r`'s activation sums of 16 values weighted by `w` (16 i16), `Σ_i w_i·bsums_r[i]`,
+/// before the sum over `i`: eight lanes per row.
 ///
 /// # Safety
-/// `pair_sums` must hold 8 entries.
+/// `bsums` must hold [`PANEL`] rows.
 #[inline]
 #[target_feature(enable = "avx2")]
-pub(crate) unsafe fn weighted_sums(pair_sums: &[[i16; 16]], w: &[i16; 16]) -> __m256i {
-    debug_assert!(pair_sums.len() >= 8);
-    let mut s = _mm256_setzero_si256();
-    for t in 0..8 {
-        // SAFETY: t < 8 ≤ pair_sums.len().
-        let v = unsafe { _mm256_loadu_si256(pair_sums.as_ptr().add(t) as *const __m256i) };
-        let wt = (w[2 * t] as u16 as i32) | ((w[2 * t + 1] as i32) << 16);
-        s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_set1_epi32(wt), v));
-    }
-    s
+pub(crate) unsafe fn weighted_sums(bsums: &[[i16; SUMS]], w: __m256i) -> [__m256i; PANEL] {
+    debug_assert!(bsums.len() >= PANEL);
+    // SAFETY: r < PANEL ≤ bsums.len() (the caller's promise).
+    std::array::from_fn(|r| unsafe {
+        _mm256_madd_epi16(
+            w,
+            _mm256_loadu_si256(bsums.as_ptr().add(r) as *const __m256i),
+        )
+    })
 }
 
 /// `acc = fma(d_w·d_a, sums, acc)` for the eight rows at once: per lane, the operations of
@@ -49,6 +49,14 @@ pub(crate) fn accumulate(acc: __m256, d_w: f32, d_a: __m256, sums: __m256i) -> _
         _mm256_cvtepi32_ps(sums),
         acc,
     )
+}
+
+/// Two f16 (low, high half of `bits`) as f32: exact, as `half`'s conversion.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+pub(crate) fn halves(bits: u32) -> (f32, f32) {
+    let v = _mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32));
+    (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
 }
 
 /// `acc[r] += scale·(w·a_r)`, for the eight rows of a panel: `w` 32 unsigned weight values
@@ -112,4 +120,14 @@ pub(crate) fn fold512(acc: &[__m512i; PANEL]) -> [__m256i; PANEL] {
 #[target_feature(enable = "avx2,avx512f")]
 pub(crate) fn join(lo: __m256i, hi: __m256i) -> __m512i {
     _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
+}
+
+/// The eight floats of `v`.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) fn lanes(v: __m256) -> [f32; PANEL] {
+    let mut out = [0f32; PANEL];
+    // SAFETY: `out` holds eight floats.
+    unsafe { _mm256_storeu_ps(out.as_mut_ptr(), v) };
+    out
 }
