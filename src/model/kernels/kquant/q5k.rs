@@ -127,8 +127,8 @@ pub(crate) fn panel_row_portable(row: &[Q5KBlock], a: Q8KPanel<'_>) -> [f32; PAN
 
 #[cfg(target_arch = "x86_64")]
 mod simd {
-    use super::super::x86::{accumulate, fold512, halves, join, lanes, rows_dot, rows_dot64};
-    use super::super::x86::{sum_each, weighted_sums};
+    use super::super::x86::{accumulate, fold512, halves, join, lanes, rows_dot};
+    use super::super::x86::{rows_dot128, spread_scales, sum_each, weighted_sums};
     use super::super::GROUP;
     use super::*;
     use std::arch::x86_64::*;
@@ -207,7 +207,24 @@ mod simd {
         }
     }
 
-    /// As the AVX2 path, each 64-value group (two sub-blocks) in one 512-bit register.
+    /// [`rows_dot128`]'s scale layout for values `64g0 .. 64g0 + 128`: its first 64 values
+    /// are sub-blocks 2g0 (128-bit lanes 0, 1) and 2g0 + 1 (lanes 2, 3), the next 64 the two
+    /// after.
+    const fn scale_index(g0: usize) -> [i16; 32] {
+        let mut index = [0i16; 32];
+        let mut e = 0;
+        while e < 32 {
+            let (lane, p) = (e / 8, e % 8);
+            index[e] = (2 * g0 + (lane >= 2) as usize + 2 * (p >= 4) as usize) as i16;
+            e += 1;
+        }
+        index
+    }
+
+    const SCALE_INDEX: [[i16; 32]; 2] = [scale_index(0), scale_index(2)];
+
+    /// As the AVX2 path, each 64-value group (two sub-blocks) in one 512-bit register, two
+    /// groups per [`rows_dot128`].
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
     pub(super) unsafe fn panel_rows_avx512(
         blocks: &[Q5KBlock],
@@ -225,22 +242,25 @@ mod simd {
             for (c, acc) in acc.iter_mut().enumerate().take(out.len()) {
                 let blk = &blocks[c * nb + b];
                 let mut sums = [_mm512_setzero_si512(); PANEL];
+                let scales = _mm256_castsi128_si256(_mm_cvtepu8_epi16(_mm_loadl_epi64(
+                    blk.scales.as_ptr() as *const __m128i,
+                )));
+                let mut w = [_mm512_setzero_si512(); 2];
                 // The high bits of sub-block 2g in the low half, of 2g + 1 in the upper half,
                 // shifted right by two per 64 values (as in the AVX2 path, per byte).
                 let qh = _mm256_loadu_si256(blk.qh.as_ptr() as *const __m256i);
                 let mut high = join(qh, _mm256_srli_epi16::<1>(qh));
                 for g in 0..4 {
                     let raw = _mm256_loadu_si256(blk.qs.as_ptr().add(32 * g) as *const __m256i);
-                    let w = _mm512_or_si512(
+                    w[g % 2] = _mm512_or_si512(
                         _mm512_and_si512(join(raw, _mm256_srli_epi16::<4>(raw)), low),
                         _mm512_slli_epi16::<4>(_mm512_and_si512(high, one)),
                     );
                     high = _mm512_srli_epi16::<2>(high);
-                    let scale = join(
-                        _mm256_set1_epi16(blk.scales[2 * g] as i16),
-                        _mm256_set1_epi16(blk.scales[2 * g + 1] as i16),
-                    );
-                    rows_dot64(&mut sums, w, scale, qa.add(64 * g), QK_K);
+                    if g % 2 == 1 {
+                        let scale = spread_scales(scales, &SCALE_INDEX[g / 2]);
+                        rows_dot128(&mut sums, w, scale, qa.add(64 * (g - 1)), QK_K);
+                    }
                 }
                 fold_super_block(acc, blk, a, b, sum_each(&fold512(&sums)));
             }

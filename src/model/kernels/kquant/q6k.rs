@@ -96,8 +96,8 @@ pub(crate) fn panel_row_portable(row: &[Q6KBlock], a: Q8KPanel<'_>) -> [f32; PAN
 
 #[cfg(target_arch = "x86_64")]
 mod simd {
-    use super::super::x86::{accumulate, fold512, halves, join, lanes, rows_dot, rows_dot64};
-    use super::super::x86::{sum_each, weighted_sums};
+    use super::super::x86::{accumulate, fold512, halves, join, lanes, rows_dot};
+    use super::super::x86::{rows_dot128, spread_scales, sum_each, weighted_sums};
     use super::super::GROUP;
     use super::*;
     use std::arch::x86_64::*;
@@ -188,7 +188,23 @@ mod simd {
         }
     }
 
-    /// As the AVX2 path, two 32-value groups (four sub-blocks) in one 512-bit register.
+    /// [`rows_dot128`]'s scale layout for values `128h .. 128h + 128`: 128-bit lane L of its
+    /// first 64 values is sub-block 8h + L, of the next 64 sub-block 8h + 4 + L.
+    const fn scale_index(h: usize) -> [i16; 32] {
+        let mut index = [0i16; 32];
+        let mut e = 0;
+        while e < 32 {
+            let (lane, p) = (e / 8, e % 8);
+            index[e] = (8 * h + lane + 4 * (p >= 4) as usize) as i16;
+            e += 1;
+        }
+        index
+    }
+
+    const SCALE_INDEX: [[i16; 32]; 2] = [scale_index(0), scale_index(1)];
+
+    /// As the AVX2 path, two 32-value groups (four sub-blocks) in one 512-bit register, four
+    /// groups per [`rows_dot128`].
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
     pub(super) unsafe fn panel_rows_avx512(
         blocks: &[Q6KBlock],
@@ -206,27 +222,29 @@ mod simd {
             for (c, acc) in acc.iter_mut().enumerate().take(out.len()) {
                 let blk = &blocks[c * nb + b];
                 let mut sums = [_mm512_setzero_si512(); PANEL];
+                let scales =
+                    _mm256_cvtepi8_epi16(_mm_loadu_si128(blk.scales.as_ptr() as *const __m128i));
                 for h in 0..2 {
                     // Groups 4h and 4h + 1 (then 4h + 2 and 4h + 3): the same 64 bytes of ql,
                     // low then high nibbles; their high bits at 2i and 2i + 2.
                     let ql = _mm512_loadu_si512(blk.ql.as_ptr().add(64 * h) as *const __m512i);
                     let qh = _mm256_loadu_si256(blk.qh.as_ptr().add(32 * h) as *const __m256i);
                     let mut high = join(qh, _mm256_srli_epi16::<2>(qh));
+                    let mut w = [_mm512_setzero_si512(); 2];
                     for i in [0, 2] {
                         let nibbles = if i == 0 {
                             ql
                         } else {
                             _mm512_srli_epi16::<4>(ql)
                         };
-                        let w = _mm512_or_si512(
+                        w[i / 2] = _mm512_or_si512(
                             _mm512_and_si512(nibbles, low),
                             _mm512_slli_epi16::<4>(_mm512_and_si512(high, two_bits)),
                         );
                         high = _mm512_srli_epi16::<4>(high);
-                        let group = 4 * h + i;
-                        let scale = join(group_scales(blk, group), group_scales(blk, group + 1));
-                        rows_dot64(&mut sums, w, scale, qa.add(32 * group), QK_K);
                     }
+                    let scale = spread_scales(scales, &SCALE_INDEX[h]);
+                    rows_dot128(&mut sums, w, scale, qa.add(128 * h), QK_K);
                 }
                 *acc = fold_super_block(*acc, blk, a, b, fold512(&sums));
             }

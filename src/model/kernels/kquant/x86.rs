@@ -82,25 +82,51 @@ pub(crate) unsafe fn rows_dot(
     }
 }
 
-/// [`rows_dot`] for 64 values per row in AVX-512 (VNNI `vpdpwssd` for the scale products:
-/// the same i32 sums, as nothing overflows).
+/// [`rows_dot`] for 128 values per row in AVX-512 VNNI: `w[0]`, `w[1]` the weights of values
+/// 0..64 and 64..128 (unsigned, < 64), each multiplied with a row's activations by `vpdpbusd`
+/// into sums of four products (|sum| ≤ 4·63·127 < 2¹⁵), the two packed to i16 (no saturation
+/// can occur) and multiplied by their scales with `vpdpwssd`: the same exact i32 sums as
+/// `maddubs` + `madd`, in three multiplies per 128 values instead of four. `scale` holds, for
+/// element `p` of 128-bit lane `L`, the scale of the sub-block of the packed sum there: from
+/// `w[0]` lane `L` if `p < 4`, else from `w[1]` lane `L` (see [`spread_scales`]).
 ///
 /// # Safety
-/// `a + r·stride .. + 64` must be readable for r < 8; AVX-512 BW and VNNI must be present.
+/// `a + r·stride .. + 128` must be readable for r < 8; AVX-512 BW and VNNI must be present.
 #[inline]
 #[target_feature(enable = "avx2,avx512f,avx512bw,avx512vnni")]
-pub(crate) unsafe fn rows_dot64(
+pub(crate) unsafe fn rows_dot128(
     acc: &mut [__m512i; PANEL],
-    w: __m512i,
+    w: [__m512i; 2],
     scale: __m512i,
     a: *const i8,
     stride: usize,
 ) {
+    let zero = _mm512_setzero_si512();
     for (r, acc_r) in acc.iter_mut().enumerate() {
         // SAFETY: within the caller's promise.
-        let qa = unsafe { _mm512_loadu_si512(a.add(r * stride) as *const __m512i) };
-        *acc_r = _mm512_dpwssd_epi32(*acc_r, scale, _mm512_maddubs_epi16(w, qa));
+        let (lo, hi) = unsafe {
+            let row = a.add(r * stride);
+            (
+                _mm512_loadu_si512(row as *const __m512i),
+                _mm512_loadu_si512(row.add(64) as *const __m512i),
+            )
+        };
+        let packed = _mm512_packs_epi32(
+            _mm512_dpbusd_epi32(zero, w[0], lo),
+            _mm512_dpbusd_epi32(zero, w[1], hi),
+        );
+        *acc_r = _mm512_dpwssd_epi32(*acc_r, scale, packed);
     }
+}
+
+/// The scale vector of [`rows_dot128`]: element `e` is `scales[index[e]]` (`scales`: up to
+/// 16 i16; `index` entries below 16).
+#[inline]
+#[target_feature(enable = "avx2,avx512f,avx512bw")]
+pub(crate) fn spread_scales(scales: __m256i, index: &[i16; 32]) -> __m512i {
+    // SAFETY: `index` holds 32 i16, 64 bytes.
+    let index = unsafe { _mm512_loadu_si512(index.as_ptr() as *const __m512i) };
+    _mm512_permutexvar_epi16(index, _mm512_castsi256_si512(scales))
 }
 
 /// Folds each 512-bit accumulator to 256 bits (exact integer adds).
