@@ -5,18 +5,25 @@
 //! the mins (Q4_K, Q5_K) or the −32 offset (Q6_K) through the activation sums, then one
 //! `d_w·d_a` float product per super-block.
 //!
-//! Why: these are the types of the Q4_K_M / Q5_K_M / Q6_K files people evaluate, and candle
-//! computes them one row at a time. Here a micro-kernel decodes each weight super-block once
-//! for a panel of eight activation rows ([`super::panel::drive`] blocks and threads the work),
-//! while the weights stay within a few percent of the file's bytes: 4- and 5-bit values stay
-//! packed as in the file, only the 6-bit scales and mins are unpacked to bytes.
+//! Why: these are the types of the Q4_K_M / Q5_K_M / Q6_K files people evaluate. candle
+//! computes them either one row at a time or, on x86, from a repacked copy of the weights
+//! (f32 scales per sub-block, built at the first product and kept next to the original: about
+//! twice the file's bytes in memory). Here a micro-kernel decodes each weight super-block once
+//! for a panel of eight activation rows, four weight rows per call so that a super-block of
+//! the panel's activations is reused from L1 ([`super::panel::drive`] blocks and threads the
+//! work), while the weights stay within 3% of the file's bytes: 4-, 5- and 6-bit values stay
+//! packed as in the file, only Q4_K/Q5_K's 6-bit scales and mins are unpacked to bytes
+//! (Q4_K 148 bytes per super-block for the file's 144, Q5_K 180 for 176, Q6_K 210 as is).
 //!
 //! Float order, fixed per output element and shared by the portable, AVX2 and AVX-512 paths
 //! (so all give the same bits): the integer sums of a super-block are exact (no i16
 //! saturation can occur in these ranges), then, over the super-blocks in order,
 //! `acc = fma(d_w·d_a, sum as f32, acc)`, and for Q4_K/Q5_K
 //! `acc_min = fma(dmin_w·d_a, mins as f32, acc_min)`; the output is `acc − acc_min`. The SIMD
-//! paths run these float operations for the eight rows of a panel as one vector each.
+//! paths run these float operations for the eight rows of a panel as one vector each. AVX2
+//! forms the sums as ggml does (`maddubs`, then `madd` with the scales); AVX-512 with VNNI
+//! (`vpdpbusd` into sums of four, packed to i16, `vpdpwssd` with the scales), three multiplies
+//! per 128 values of a row instead of four.
 
 pub mod q4k;
 pub mod q5k;

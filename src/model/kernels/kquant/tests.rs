@@ -136,3 +136,32 @@ fn malformed_shapes_are_refused() {
     assert!(Q4KMatrix::from_bytes(&bytes[..144], 1, 128).is_none());
     assert!(Q4KMatrix::from_bytes(&[], 0, 0).is_none());
 }
+
+#[test]
+fn memory_stays_close_to_the_file() {
+    use super::{q4k::Q4KBlock, q5k::Q5KBlock, q6k::Q6KBlock};
+    use std::mem::size_of;
+    assert_eq!((size_of::<Q4KBlock>(), Q4KBlock::FILE_BYTES), (148, 144));
+    assert_eq!((size_of::<Q5KBlock>(), Q5KBlock::FILE_BYTES), (180, 176));
+    assert_eq!((size_of::<Q6KBlock>(), Q6KBlock::FILE_BYTES), (210, 210));
+}
+
+#[test]
+fn own_matrix_serves_k_quants_whose_rows_are_whole_super_blocks() {
+    use crate::model::kernels::own_matrix;
+    for (dtype, bytes) in [
+        (GgmlDType::Q4K, 144),
+        (GgmlDType::Q5K, 176),
+        (GgmlDType::Q6K, 210),
+    ] {
+        let m = own_matrix(dtype, &vec![0u8; 2 * bytes], 1, 512).expect("served");
+        assert_eq!(m.map(|m| m.shape()).ok(), Some((1, 512)), "{dtype:?}");
+        // Malformed bytes are reported; rows of other lengths stay with candle.
+        assert!(matches!(
+            own_matrix(dtype, &vec![0u8; bytes], 1, 512),
+            Some(Err(_))
+        ));
+        assert!(own_matrix(dtype, &vec![0u8; bytes], 1, 576).is_none());
+        assert!(own_matrix(dtype, &[], 1, 0).is_none());
+    }
+}
