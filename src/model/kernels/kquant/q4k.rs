@@ -106,8 +106,9 @@ pub(crate) fn panel_row_portable(row: &[Q4KBlock], a: Q8KPanel<'_>) -> [f32; PAN
 
 #[cfg(target_arch = "x86_64")]
 mod simd {
+    use super::super::q8k::SUB_BLOCK_PAIRS;
     use super::super::x86::{accumulate, fold512, halves, join, lanes, rows_dot};
-    use super::super::x86::{rows_dot128, spread_scales, sum_each, weighted_sums};
+    use super::super::x86::{rows_dot128, spread_scales, sub_block_weighted, sum_each};
     use super::super::GROUP;
     use super::*;
     use std::arch::x86_64::*;
@@ -122,10 +123,7 @@ mod simd {
         b: usize,
         sums: __m256i,
     ) {
-        // min_s for both 16-value sums of sub-block s.
-        let m = _mm_loadl_epi64(blk.mins.as_ptr() as *const __m128i);
-        let min_weights = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m, m));
-        let mins = sum_each(&weighted_sums(&a.bsums[b * PANEL..], min_weights));
+        let mins = sub_block_weighted(&a.sub_block_sums[b * SUB_BLOCK_PAIRS..], &blk.mins);
         // SAFETY: the callers asserted that `a` holds super-block b.
         let da = _mm256_loadu_ps(a.d.as_ptr().add(b * PANEL));
         let (d, dmin) = halves(blk.d.to_bits() as u32 | (blk.dmin.to_bits() as u32) << 16);
@@ -136,7 +134,7 @@ mod simd {
     fn check_sizes(blocks: &[Q4KBlock], nb: usize, a: Q8KPanel<'_>, out: &[[f32; PANEL]]) {
         assert!(out.len() <= GROUP && blocks.len() == out.len() * nb);
         assert!(a.qs.len() >= nb * PANEL && a.d.len() >= nb * PANEL);
-        assert!(a.bsums.len() >= nb * PANEL);
+        assert!(a.sub_block_sums.len() >= nb * SUB_BLOCK_PAIRS);
     }
 
     /// Super-block by super-block, for each weight row of the group: each 32-value group

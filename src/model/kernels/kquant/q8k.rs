@@ -14,6 +14,8 @@ use super::QK_K;
 
 /// Sums of 16 values per super-block.
 pub const SUMS: usize = QK_K / 16;
+/// Entries of [`Q8KPanel::sub_block_sums`] per super-block: pairs of 32-value sub-blocks.
+pub const SUB_BLOCK_PAIRS: usize = QK_K / 64;
 
 /// Activations `[m, k]` in Q8_K, panel by panel: panel `p`, super-block `b`, row `r` of the
 /// panel at index `(p·nb + b)·PANEL + r`. Rows past `m` in the last panel are zero.
@@ -22,6 +24,7 @@ pub struct Q8KPanels {
     qs: Vec<[i8; QK_K]>,
     d: Vec<f32>,
     bsums: Vec<[i16; SUMS]>,
+    sub_block_sums: Vec<[i16; 2 * PANEL]>,
 }
 
 /// One panel's super-blocks.
@@ -33,6 +36,10 @@ pub struct Q8KPanel<'a> {
     pub d: &'a [f32],
     /// `bsums[b·PANEL + r][i]`: row r's sum of values `16i .. 16i + 16` in super-block b.
     pub bsums: &'a [[i16; SUMS]],
+    /// `sub_block_sums[b·SUB_BLOCK_PAIRS + t][2r + i]`: row r's sum of the 32 values of
+    /// sub-block `2t + i` in super-block b (|sum| ≤ 32·127), laid out so that one `madd`
+    /// against a pair of per-sub-block weights (Q4_K/Q5_K's mins) gives all eight rows' terms.
+    pub sub_block_sums: &'a [[i16; 2 * PANEL]],
 }
 
 impl Q8KPanels {
@@ -49,18 +56,24 @@ impl Q8KPanels {
             qs: vec![[0; QK_K]; panels * nb * PANEL],
             d: vec![0.0; panels * nb * PANEL],
             bsums: vec![[0; SUMS]; panels * nb * PANEL],
+            sub_block_sums: vec![[0; 2 * PANEL]; panels * nb * SUB_BLOCK_PAIRS],
         };
         out.qs
             .par_chunks_mut(nb * PANEL)
             .zip(out.d.par_chunks_mut(nb * PANEL))
             .zip(out.bsums.par_chunks_mut(nb * PANEL))
+            .zip(out.sub_block_sums.par_chunks_mut(nb * SUB_BLOCK_PAIRS))
             .enumerate()
-            .for_each(|(p, ((qs, d), bsums))| {
+            .for_each(|(p, (((qs, d), bsums), sub_block_sums))| {
                 for r in 0..PANEL.min(m - p * PANEL) {
                     let row = &x[(p * PANEL + r) * k..][..k];
                     for (b, block) in row.chunks_exact(QK_K).enumerate() {
                         let i = b * PANEL + r;
                         d[i] = quantize_super_block(block, &mut qs[i], &mut bsums[i]);
+                        for (s, pair) in bsums[i].chunks_exact(2).enumerate() {
+                            let entry = &mut sub_block_sums[b * SUB_BLOCK_PAIRS + s / 2];
+                            entry[2 * r + s % 2] = pair[0] + pair[1];
+                        }
                     }
                 }
             });
@@ -79,6 +92,8 @@ impl Q8KPanels {
             qs: &self.qs[rows.clone()],
             d: &self.d[rows.clone()],
             bsums: &self.bsums[rows],
+            sub_block_sums: &self.sub_block_sums
+                [p * nb * SUB_BLOCK_PAIRS..(p + 1) * nb * SUB_BLOCK_PAIRS],
         }
     }
 }
@@ -163,6 +178,10 @@ mod tests {
                 let d = quantize_super_block(&x[row * k + b * QK_K..][..QK_K], &mut q, &mut sums);
                 let i = b * PANEL + r;
                 assert_eq!((p.qs[i], p.d[i], p.bsums[i]), (q, d, sums));
+                for s in 0..8 {
+                    let entry = p.sub_block_sums[b * SUB_BLOCK_PAIRS + s / 2];
+                    assert_eq!(entry[2 * r + s % 2], sums[2 * s] + sums[2 * s + 1]);
+                }
             }
         }
         let pad = a.panel(1);

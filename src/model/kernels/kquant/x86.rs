@@ -1,7 +1,7 @@
 //! AVX2 and AVX-512 pieces shared by the three formats' SIMD kernels.
 
 use super::super::panel::PANEL;
-use super::q8k::SUMS;
+use super::q8k::{SUB_BLOCK_PAIRS, SUMS};
 use std::arch::x86_64::*;
 
 /// Lane `r` of the result is the sum of the eight i32 lanes of `acc[r]` (exact).
@@ -37,6 +37,30 @@ pub(crate) unsafe fn weighted_sums(bsums: &[[i16; SUMS]], w: __m256i) -> [__m256
             _mm256_loadu_si256(bsums.as_ptr().add(r) as *const __m256i),
         )
     })
+}
+
+/// For the eight rows of a panel: `Σ_s w_s·sub_block_sums_r[s]` over the eight 32-value
+/// sub-blocks, `w` their weights (Q4_K/Q5_K's mins) as bytes, `sums` the super-block's four
+/// entries of [`super::q8k::Q8KPanel::sub_block_sums`] (exact: |terms| < 2¹⁸).
+///
+/// # Safety
+/// `sums` must hold [`super::q8k::SUB_BLOCK_PAIRS`] entries.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) unsafe fn sub_block_weighted(sums: &[[i16; 2 * PANEL]], w: &[u8; 8]) -> __m256i {
+    debug_assert!(sums.len() >= SUB_BLOCK_PAIRS);
+    // SAFETY: `w` holds 8 bytes.
+    let w16 = unsafe { _mm_cvtepu8_epi16(_mm_loadl_epi64(w.as_ptr() as *const __m128i)) };
+    // Pair t of weights (w_{2t}, w_{2t+1}) in every 32-bit lane (the upper half is never read).
+    let w16 = _mm256_castsi128_si256(w16);
+    let mut total = _mm256_setzero_si256();
+    for t in 0..SUB_BLOCK_PAIRS {
+        let pair = _mm256_permutevar8x32_epi32(w16, _mm256_set1_epi32(t as i32));
+        // SAFETY: t < SUB_BLOCK_PAIRS ≤ sums.len() (the caller's promise).
+        let s = unsafe { _mm256_loadu_si256(sums.as_ptr().add(t) as *const __m256i) };
+        total = _mm256_add_epi32(total, _mm256_madd_epi16(pair, s));
+    }
+    total
 }
 
 /// `acc = fma(d_w·d_a, sums, acc)` for the eight rows at once: per lane, the operations of
