@@ -4,9 +4,10 @@
 //! `[2048, 8192]` matrix, 512 activation rows, 5 repetitions), threads from
 //! `RAYON_NUM_THREADS` (both libraries read it). Weights are random values quantized by
 //! candle's own quantizer; `PPL_ISA` caps our kernels' instruction set. Prints the median
-//! GFLOP/s (2·m·n·k per product) of each kernel and type, per wall-clock second and per
-//! second of CPU time of the whole process (steadier on a machine shared with other work;
-//! with t threads busy, t CPU-seconds pass per wall-clock second).
+//! GFLOP/s (2·m·n·k per product) of each kernel and type, per wall-clock second (median
+//! run) and per second of CPU time of the whole process (mean over the runs; steadier on a
+//! machine shared with other work; with t threads busy, t CPU-seconds pass per wall-clock
+//! second).
 
 use std::time::Instant;
 
@@ -36,19 +37,22 @@ fn cpu_seconds() -> f64 {
     (field(11) + field(12)) / 100.0
 }
 
-/// Median (wall, CPU) seconds of `reps` runs of `f` (after one warm-up run).
+/// Median wall-clock seconds and mean CPU seconds (their total over all runs, so that the
+/// 10 ms ticks matter less) of `reps` runs of `f`, after one warm-up run.
 fn median_seconds(reps: usize, mut f: impl FnMut()) -> (f64, f64) {
     f();
-    let (mut wall, mut cpu): (Vec<f64>, Vec<f64>) = (0..reps.max(1))
+    let reps = reps.max(1);
+    let cpu_start = cpu_seconds();
+    let mut wall: Vec<f64> = (0..reps)
         .map(|_| {
-            let (t, c) = (Instant::now(), cpu_seconds());
+            let t = Instant::now();
             f();
-            (t.elapsed().as_secs_f64(), cpu_seconds() - c)
+            t.elapsed().as_secs_f64()
         })
-        .unzip();
+        .collect();
+    let cpu = (cpu_seconds() - cpu_start) / reps as f64;
     wall.sort_by(f64::total_cmp);
-    cpu.sort_by(f64::total_cmp);
-    (wall[wall.len() / 2], cpu[cpu.len() / 2])
+    (wall[wall.len() / 2], cpu)
 }
 
 fn main() -> anyhow::Result<()> {

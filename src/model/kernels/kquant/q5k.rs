@@ -128,7 +128,7 @@ pub(crate) fn panel_row_portable(row: &[Q5KBlock], a: Q8KPanel<'_>) -> [f32; PAN
 #[cfg(target_arch = "x86_64")]
 mod simd {
     use super::super::q8k::SUB_BLOCK_PAIRS;
-    use super::super::x86::{accumulate, fold512, halves, join, lanes, rows_dot};
+    use super::super::x86::{accumulate, halves, join, lanes, rows_dot, sum_each512};
     use super::super::x86::{rows_dot128, spread_scales, sub_block_weighted, sum_each};
     use super::super::GROUP;
     use super::*;
@@ -260,7 +260,7 @@ mod simd {
                         rows_dot128(&mut sums, w, scale, qa.add(64 * (g - 1)), QK_K);
                     }
                 }
-                fold_super_block(acc, blk, a, b, sum_each(&fold512(&sums)));
+                fold_super_block(acc, blk, a, b, sum_each512(&sums));
             }
         }
         for (o, acc) in out.iter_mut().zip(acc) {

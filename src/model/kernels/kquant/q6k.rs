@@ -96,29 +96,33 @@ pub(crate) fn panel_row_portable(row: &[Q6KBlock], a: Q8KPanel<'_>) -> [f32; PAN
 
 #[cfg(target_arch = "x86_64")]
 mod simd {
-    use super::super::x86::{accumulate, fold512, halves, join, lanes, rows_dot};
+    use super::super::x86::{accumulate, halves, join, lanes, rows_dot, sum_each512};
     use super::super::x86::{rows_dot128, spread_scales, sum_each, weighted_sums};
     use super::super::GROUP;
     use super::*;
     use std::arch::x86_64::*;
 
-    /// The integer and float tail shared by both paths: the −32 offset through the activation
-    /// sums (`32·scale` fits in i16), then the super-block's sums folded into the accumulators
-    /// of the eight rows.
+    /// The −32 offset of each row through the activation sums (`32·scale` fits in i16), to
+    /// subtract from the row's sums, before their reduction.
+    #[target_feature(enable = "avx2")]
+    unsafe fn offsets(blk: &Q6KBlock, a: Q8KPanel<'_>, b: usize) -> [__m256i; PANEL] {
+        let scales = _mm256_cvtepi8_epi16(_mm_loadu_si128(blk.scales.as_ptr() as *const __m128i));
+        weighted_sums(&a.bsums[b * PANEL..], _mm256_slli_epi16::<5>(scales))
+    }
+
+    /// The float tail shared by both paths: one super-block's reduced sums (lane r: row r)
+    /// folded into the accumulators of the eight rows.
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn fold_super_block(
         acc: __m256,
         blk: &Q6KBlock,
         a: Q8KPanel<'_>,
         b: usize,
-        sums: [__m256i; PANEL],
+        sums: __m256i,
     ) -> __m256 {
-        let scales = _mm256_cvtepi8_epi16(_mm_loadu_si128(blk.scales.as_ptr() as *const __m128i));
-        let offsets = weighted_sums(&a.bsums[b * PANEL..], _mm256_slli_epi16::<5>(scales));
-        let sums: [__m256i; PANEL] = std::array::from_fn(|r| _mm256_sub_epi32(sums[r], offsets[r]));
         // SAFETY: the callers checked that `a` holds super-block b.
         let da = _mm256_loadu_ps(a.d.as_ptr().add(b * PANEL));
-        accumulate(acc, halves(blk.d.to_bits() as u32).0, da, sum_each(&sums))
+        accumulate(acc, halves(blk.d.to_bits() as u32).0, da, sums)
     }
 
     fn check_sizes(blocks: &[Q6KBlock], nb: usize, a: Q8KPanel<'_>, out: &[[f32; PANEL]]) {
@@ -180,7 +184,10 @@ mod simd {
                         rows_dot(&mut sums, w, scale, qa.add(32 * group), QK_K);
                     }
                 }
-                *acc = fold_super_block(*acc, blk, a, b, sums);
+                let offsets = offsets(blk, a, b);
+                let sums: [__m256i; PANEL] =
+                    std::array::from_fn(|r| _mm256_sub_epi32(sums[r], offsets[r]));
+                *acc = fold_super_block(*acc, blk, a, b, sum_each(&sums));
             }
         }
         for (o, acc) in out.iter_mut().zip(acc) {
@@ -246,7 +253,11 @@ mod simd {
                     let scale = spread_scales(scales, &SCALE_INDEX[h]);
                     rows_dot128(&mut sums, w, scale, qa.add(128 * h), QK_K);
                 }
-                *acc = fold_super_block(*acc, blk, a, b, fold512(&sums));
+                let offsets = offsets(blk, a, b);
+                let sums: [__m512i; PANEL] = std::array::from_fn(|r| {
+                    _mm512_sub_epi32(sums[r], _mm512_zextsi256_si512(offsets[r]))
+                });
+                *acc = fold_super_block(*acc, blk, a, b, sum_each512(&sums));
             }
         }
         for (o, acc) in out.iter_mut().zip(acc) {

@@ -153,16 +153,31 @@ pub(crate) fn spread_scales(scales: __m256i, index: &[i16; 32]) -> __m512i {
     _mm512_permutexvar_epi16(index, _mm512_castsi256_si512(scales))
 }
 
-/// Folds each 512-bit accumulator to 256 bits (exact integer adds).
+/// Lane `r` of the result is the sum of the sixteen i32 lanes of `acc[r]` (exact): a
+/// transposing tree of unpacks and 128-bit shuffles.
 #[inline]
 #[target_feature(enable = "avx2,avx512f")]
-pub(crate) fn fold512(acc: &[__m512i; PANEL]) -> [__m256i; PANEL] {
-    std::array::from_fn(|r| {
-        _mm256_add_epi32(
-            _mm512_castsi512_si256(acc[r]),
-            _mm512_extracti64x4_epi64::<1>(acc[r]),
-        )
-    })
+pub(crate) fn sum_each512(acc: &[__m512i; PANEL]) -> __m256i {
+    // Per 128-bit lane: [x0+x2, y0+y2, x1+x3, y1+y3] for rows x, y.
+    let pairs: [__m512i; 4] = std::array::from_fn(|i| {
+        let (x, y) = (acc[2 * i], acc[2 * i + 1]);
+        _mm512_add_epi32(_mm512_unpacklo_epi32(x, y), _mm512_unpackhi_epi32(x, y))
+    });
+    // Per 128-bit lane: one partial sum for each of four rows.
+    let quads: [__m512i; 2] = std::array::from_fn(|i| {
+        let (x, y) = (pairs[2 * i], pairs[2 * i + 1]);
+        _mm512_add_epi32(_mm512_unpacklo_epi64(x, y), _mm512_unpackhi_epi64(x, y))
+    });
+    // Lanes: rows 0..4 twice, rows 4..8 twice.
+    let halves = _mm512_add_epi32(
+        _mm512_shuffle_i32x4::<0x88>(quads[0], quads[1]),
+        _mm512_shuffle_i32x4::<0xDD>(quads[0], quads[1]),
+    );
+    let rows = _mm512_add_epi32(
+        _mm512_shuffle_i32x4::<0x08>(halves, halves),
+        _mm512_shuffle_i32x4::<0x0D>(halves, halves),
+    );
+    _mm512_castsi512_si256(rows)
 }
 
 /// Two 256-bit halves as one 512-bit register.
