@@ -231,7 +231,7 @@ mod simd {
                 let mut sums = [_mm512_setzero_si512(); PANEL];
                 let scales =
                     _mm256_cvtepi8_epi16(_mm_loadu_si128(blk.scales.as_ptr() as *const __m128i));
-                for h in 0..2 {
+                for (h, scale_index) in SCALE_INDEX.iter().enumerate() {
                     // Groups 4h and 4h + 1 (then 4h + 2 and 4h + 3): the same 64 bytes of ql,
                     // low then high nibbles; their high bits at 2i and 2i + 2.
                     let ql = _mm512_loadu_si512(blk.ql.as_ptr().add(64 * h) as *const __m512i);
@@ -250,7 +250,7 @@ mod simd {
                         );
                         high = _mm512_srli_epi16::<4>(high);
                     }
-                    let scale = spread_scales(scales, &SCALE_INDEX[h]);
+                    let scale = spread_scales(scales, scale_index);
                     rows_dot128(&mut sums, w, scale, qa.add(128 * h), QK_K);
                 }
                 let offsets = offsets(blk, a, b);
