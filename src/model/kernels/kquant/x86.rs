@@ -24,13 +24,12 @@ pub(crate) fn sum_each(acc: &[__m256i; PANEL]) -> __m256i {
 /// Row `r`'s activation sums of 16 values weighted by `w` (16 i16), `Σ_i w_i·bsums_r[i]`,
 /// before the sum over `i`: eight lanes per row.
 ///
-/// # Safety
-/// `bsums` must hold [`PANEL`] rows.
+/// Panics unless `bsums` holds [`PANEL`] rows.
 #[inline]
 #[target_feature(enable = "avx2")]
-pub(crate) unsafe fn weighted_sums(bsums: &[[i16; SUMS]], w: __m256i) -> [__m256i; PANEL] {
-    debug_assert!(bsums.len() >= PANEL);
-    // SAFETY: r < PANEL ≤ bsums.len() (the caller's promise).
+pub(crate) fn weighted_sums(bsums: &[[i16; SUMS]], w: __m256i) -> [__m256i; PANEL] {
+    assert!(bsums.len() >= PANEL);
+    // SAFETY: r < PANEL ≤ bsums.len() (asserted above).
     std::array::from_fn(|r| unsafe {
         _mm256_madd_epi16(
             w,
@@ -43,12 +42,11 @@ pub(crate) unsafe fn weighted_sums(bsums: &[[i16; SUMS]], w: __m256i) -> [__m256
 /// sub-blocks, `w` their weights (Q4_K/Q5_K's mins) as bytes, `sums` the super-block's four
 /// entries of [`super::q8k::Q8KPanel::sub_block_sums`] (exact: |terms| < 2¹⁸).
 ///
-/// # Safety
-/// `sums` must hold [`super::q8k::SUB_BLOCK_PAIRS`] entries.
+/// Panics unless `sums` holds [`super::q8k::SUB_BLOCK_PAIRS`] entries.
 #[inline]
 #[target_feature(enable = "avx2")]
-pub(crate) unsafe fn sub_block_weighted(sums: &[[i16; 2 * PANEL]], w: &[u8; 8]) -> __m256i {
-    debug_assert!(sums.len() >= SUB_BLOCK_PAIRS);
+pub(crate) fn sub_block_weighted(sums: &[[i16; 2 * PANEL]], w: &[u8; 8]) -> __m256i {
+    assert!(sums.len() >= SUB_BLOCK_PAIRS);
     // SAFETY: `w` holds 8 bytes.
     let w16 = unsafe { _mm_cvtepu8_epi16(_mm_loadl_epi64(w.as_ptr() as *const __m128i)) };
     // Pair t of weights (w_{2t}, w_{2t+1}) in every 32-bit lane (the upper half is never read).
@@ -56,7 +54,7 @@ pub(crate) unsafe fn sub_block_weighted(sums: &[[i16; 2 * PANEL]], w: &[u8; 8]) 
     let mut total = _mm256_setzero_si256();
     for t in 0..SUB_BLOCK_PAIRS {
         let pair = _mm256_permutevar8x32_epi32(w16, _mm256_set1_epi32(t as i32));
-        // SAFETY: t < SUB_BLOCK_PAIRS ≤ sums.len() (the caller's promise).
+        // SAFETY: t < SUB_BLOCK_PAIRS ≤ sums.len() (asserted above).
         let s = unsafe { _mm256_loadu_si256(sums.as_ptr().add(t) as *const __m256i) };
         total = _mm256_add_epi32(total, _mm256_madd_epi16(pair, s));
     }
