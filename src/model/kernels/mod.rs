@@ -16,6 +16,9 @@
 //!   memory, and its f32 gemm), multiplied by activations rounded to the weights' type as
 //!   llama.cpp's `vec_dot_type` does, in register tiles of eight activation rows.
 //! - [`q4_0`] (Q4_0 × Q8_0): the weights kept as nibbles, on [`panel`]'s quantized panels.
+//! - [`kquant`] (Q4_K, Q5_K and Q6_K × Q8_K): the K-quant types of Q4_K_M / Q5_K_M / Q6_K
+//!   files, on the same panels and driver, holding about the file's bytes (candle repacks
+//!   them into a second copy of about 2.3–2.5× the file's bytes at the first product).
 //! - [`attention`]: causal f32 attention computing only the visible keys, fused from scores to
 //!   values (candle's ops materialised four `[heads, t, t]` tensors per layer).
 //! - [`math`]: a vectorised exponential and SiLU gating (glibc's scalar `expf` was 5–7%).
@@ -23,6 +26,7 @@
 pub mod attention;
 pub mod half;
 pub mod int8;
+pub mod kquant;
 pub mod math;
 pub mod panel;
 pub mod q4_0;
@@ -58,6 +62,16 @@ pub fn own_matrix(
         m.map(|m| Arc::new(m) as Arc<dyn OwnMatrix>)
     }
     let m = match dtype {
+        // ggml writes K-quants only for rows that are a multiple of 256; other shapes stay with
+        // candle, whose verdict on them stands.
+        GgmlDType::Q4K | GgmlDType::Q5K | GgmlDType::Q6K
+            if k == 0 || !k.is_multiple_of(kquant::QK_K) =>
+        {
+            return None
+        }
+        GgmlDType::Q4K => boxed(kquant::q4k::Q4KMatrix::from_bytes(bytes, n, k)),
+        GgmlDType::Q5K => boxed(kquant::q5k::Q5KMatrix::from_bytes(bytes, n, k)),
+        GgmlDType::Q6K => boxed(kquant::q6k::Q6KMatrix::from_bytes(bytes, n, k)),
         GgmlDType::Q4_1 => boxed(q4_1::Q4_1Matrix::from_bytes(bytes, n, k)),
         GgmlDType::Q5_0 => boxed(int8::Int8Matrix::from_q5_0(bytes, n, k)),
         GgmlDType::Q8_0 => boxed(int8::Int8Matrix::from_q8_0(bytes, n, k)),

@@ -148,10 +148,23 @@ pub fn matmul<K: PanelKernel>(w: &K, x: &[f32], m: usize) -> Vec<f32> {
     let (n, k) = w.shape();
     assert_eq!(x.len(), m * k, "activation shape");
     let a = Panels::quantize(x, m, k);
+    drive(m, n, 1, |p, j, out| out[0] = w.panel_row(a.panel(p), j))
+}
+
+/// The `[m, n]` outputs of any panel format: `kernel(p, j, out)` writes the outputs of weight
+/// rows `j .. j + out.len()` (at most `group` of them) for the [`PANEL`] activation rows of
+/// panel `p` (outputs of rows past `m` are ignored).
+pub fn drive(
+    m: usize,
+    n: usize,
+    group: usize,
+    kernel: impl Fn(usize, usize, &mut [[f32; PANEL]]) + Sync,
+) -> Vec<f32> {
     let mut out = vec![0f32; m * n];
     if m == 0 || n == 0 {
         return out;
     }
+    let group = group.max(1);
     // One task per thread, each a contiguous run of panels, so that each task streams the
     // weights through its cache once per cache block rather than once per panel.
     let panels = m.div_ceil(PANEL);
@@ -160,15 +173,18 @@ pub fn matmul<K: PanelKernel>(w: &K, x: &[f32], m: usize) -> Vec<f32> {
         .enumerate()
         .for_each(|(t, out)| {
             let rows = out.len() / n;
+            let mut res = vec![[0f32; PANEL]; group];
             for j0 in (0..n).step_by(ROWS_PER_CACHE_BLOCK) {
                 let js = j0..(j0 + ROWS_PER_CACHE_BLOCK).min(n);
                 for p in 0..rows.div_ceil(PANEL) {
-                    let panel = a.panel(t * per_task + p);
                     let live = PANEL.min(rows - p * PANEL);
-                    for j in js.clone() {
-                        let res = w.panel_row(panel, j);
-                        for (r, v) in res.iter().enumerate().take(live) {
-                            out[(p * PANEL + r) * n + j] = *v;
+                    for j in js.clone().step_by(group) {
+                        let res = &mut res[..group.min(js.end - j)];
+                        kernel(t * per_task + p, j, res);
+                        for (c, res) in res.iter().enumerate() {
+                            for (r, v) in res.iter().enumerate().take(live) {
+                                out[(p * PANEL + r) * n + j + c] = *v;
+                            }
                         }
                     }
                 }
