@@ -465,7 +465,9 @@ fn ping_pong(out: &str, size: &str) -> (f64, f64) {
         .find(|l| l.contains(&format!("ping-pong {size}")))
         .unwrap_or_else(|| panic!("no ping-pong {size} line in:\n{out}"));
     let number_before = |unit: &str| -> f64 {
-        let head = &line[..line.find(unit).unwrap_or_else(|| panic!("no {unit} in {line}"))];
+        let head = &line[..line
+            .find(unit)
+            .unwrap_or_else(|| panic!("no {unit} in {line}"))];
         head.split_whitespace().last().unwrap().parse().unwrap()
     };
     (number_before(" ms"), number_before(" MB/s"))

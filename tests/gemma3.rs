@@ -69,3 +69,30 @@ fn gemma3_f32_ppl_matches_llama_cpp_after_4_chunks() {
     // Measured: 40 chunks 17.6485 vs llama.cpp's 17.6478 (4e-5); 2 chunks 14.5932 vs 14.5936.
     assert!(rel < 1e-3, "PPL {} vs llama.cpp {theirs} ({rel:e})", r.ppl);
 }
+
+#[test]
+fn gemma3_native_matches_llama_cpp_within_0_2_percent() {
+    // Every matrix through our kernels: Q5_0 for the 640-wide rows, the K-quants for the rest.
+    let r = common::eval_model(
+        &gemma(),
+        &[
+            "--ctx",
+            "512",
+            "--chunks",
+            "40",
+            "--ranks",
+            "2",
+            "--threads",
+            "2",
+        ],
+    );
+    let theirs = reference()["q4_k_m_running_ppl"][39].as_f64().unwrap();
+    let rel = (r.ppl - theirs) / theirs;
+    assert_eq!(r.windows.len(), 40);
+    assert!(
+        rel.abs() < 0.002,
+        "native PPL {} vs llama.cpp {theirs} ({:+.3}%)",
+        r.ppl,
+        100.0 * rel
+    );
+}
