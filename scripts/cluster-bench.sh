@@ -63,7 +63,7 @@ for layout in "dp 2:" "pp 2:--pp 2" "dp_shard 2:--dp-shard 2" "tp 3:--tp 3"; do
   printf '| %s ' "$name"; summarize "$work/tcp.json" $((after - before)) "$n hosts, TCP"
   # The same ranks in one host: Open MPI's shared-memory transport.
   OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
-    bash "$cluster" exec 1 -- mpirun -np "$n" --bind-to none --mca btl self,vader \
+    bash "$cluster" exec 1 -- mpirun -np "$n" --oversubscribe --bind-to none --mca btl self,vader \
     "$PPL_BIN" "${args[@]}" "${extra[@]}" -o "$work/shm.json" --run-dir "$work/shm-run" 2>/dev/null
   printf '| %s ' "$name"; summarize "$work/shm.json" 0 "1 host, shared memory"
   bash "$cluster" down >/dev/null
