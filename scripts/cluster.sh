@@ -16,7 +16,7 @@
 #   cluster.sh launch [--hosts N] [--per-host K] -- PPL_ARGS …
 #                                    `ppl launch` on host 1 across the first N hosts (default all),
 #                                    K ranks each (PPL_BIN: the ppl to run)
-#   cluster.sh cut HOST | heal [HOST] take HOST's link down / bring it (or every link) back
+#   cluster.sh cut HOST | heal [HOST] cut HOST off the switch / bring it (or every host) back
 #   cluster.sh slow HOST DELAY RATE  emulate a slow link with netem, e.g. `slow 2 20ms 100mbit`
 #   cluster.sh kill HOST             SIGKILL every process running on HOST
 #   cluster.sh mem HOST SIZE         change HOST's memory limit
@@ -156,8 +156,8 @@ peak() {
 
 # OpenMPI across the hosts. TCP only (no shared memory: every rank is on a host of its own as far
 # as MPI knows), on the cluster's subnet. The out-of-band keepalive settings (`ppl launch` sets
-# the same) make mpirun and the remote daemons give up on a lost host 15–25 s after ppl's own
-# PPL_COMM_TIMEOUT has named it, instead of OpenMPI's default 8 minutes of silence (300 s idle +
+# the same) make mpirun and the remote daemons give up on a lost host 5–15 s after ppl's own
+# PPL_COMM_TIMEOUT would name it, instead of OpenMPI's default 8 minutes of silence (300 s idle +
 # 9 probes × 20 s) — while the link is down, mpirun cannot reach the daemons to end the job.
 mpirun_all() {
   local per_host=1 args=()
@@ -174,7 +174,7 @@ mpirun_all() {
     --mca plm_rsh_agent "bash $SELF agent" \
     --mca btl tcp,self --mca btl_tcp_if_include "$SUBNET.0/24" --mca oob_tcp_if_include "$SUBNET.0/24" \
     --mca oob_tcp_keepalive_time 10 --mca oob_tcp_keepalive_intvl 5 \
-    --mca oob_tcp_keepalive_probes $(( (${PPL_COMM_TIMEOUT:-600} + 15 + 4) / 5 )) \
+    --mca oob_tcp_keepalive_probes $(( (${PPL_COMM_TIMEOUT:-600} + 5 + 4) / 5 )) \
     "${args[@]}" "$@"
 }
 
@@ -223,10 +223,14 @@ case "$cmd" in
     exec_on "$h" sh -c "$*";;
   mpirun) mpirun_all "$@";;
   launch) launch_all "$@";;
-  cut) ip -n "$SWITCH" link set "$(link_of "${1:?host}")" down;;
+  cut)
+    # The switch port leaves the bridge: the host keeps its carrier and its packets vanish, as
+    # when a switch or a cable between racks fails (no error reaches either side at once).
+    ip -n "$SWITCH" link set "$(link_of "${1:?host}")" nomaster;;
   heal)
     if [ -n "${1:-}" ]; then hs=$(host_index "$1"); else hs=$(seq 1 "$(count)"); fi
     for i in $hs; do
+      ip -n "$SWITCH" link set "p$i" master "$BRIDGE"
       ip -n "$SWITCH" link set "p$i" up
       tc -n "$SWITCH" qdisc del dev "p$i" root 2>/dev/null || true
       tc -n "$PREFIX-h$i" qdisc del dev eth0 root 2>/dev/null || true

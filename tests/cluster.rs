@@ -237,9 +237,9 @@ fn every_layout_across_hosts_gives_the_numbers_of_one_process() {
 
 #[test]
 fn a_model_too_big_for_one_host_runs_split_over_two() {
-    // f32 weights of the test model: about 680 MiB in one process, about 510 MiB for the
-    // larger of two pipeline stages.
-    let limit_mib = 600u64;
+    // f32 weights of the test model: about 600 MiB planned for one process, 420 MiB for the
+    // larger of two pipeline stages (measured peak about 400 MiB).
+    let limit_mib = 500u64;
     let Some(c) = Cluster::up(2, Some(&format!("{limit_mib}M"))) else {
         return;
     };
@@ -359,9 +359,15 @@ impl Failure<'_> {
             "the job ended {ended:?} after the failure: {err}"
         );
         if self.names_the_peer {
-            assert!(
-                err.contains(&format!("rank 1 ({PREFIX}-h2)")),
-                "names the lost rank and host: {err}"
+            // ppl's own timeout names the rank and its host; when Open MPI's daemons notice the
+            // lost host first (their keepalive), its message names the host's address.
+            let by_ppl = err.contains(&format!("rank 1 ({PREFIX}-h2)"));
+            let by_mpi = err.contains("lost communication with a remote daemon")
+                && err.contains("10.250.0.2");
+            assert!(by_ppl || by_mpi, "names the lost host: {err}");
+            eprintln!(
+                "the lost host was named by {}",
+                if by_ppl { "ppl" } else { "Open MPI" }
             );
         }
         assert!(
@@ -438,7 +444,12 @@ fn a_cut_link_ends_the_job_and_the_resume_gives_the_same_numbers() {
     Failure {
         cluster: &c,
         inflict: &|c| c.control(&["cut", "2"]),
-        repair: &|c| c.control(&["heal"]),
+        // The cut-off host keeps the dead job's Open MPI daemon until TCP gives up on it;
+        // a real operator's clean-up, then the link back.
+        repair: &|c| {
+            c.control(&["kill", "2"]);
+            c.control(&["heal"]);
+        },
         names_the_peer: true,
     }
     .check(&LONG);

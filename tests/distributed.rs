@@ -106,14 +106,14 @@ fn launch_builds_the_mpirun_command() {
         .success()
         .stdout(contains("mpirun -np 8 --host h1:4,h2:4"))
         .stdout(contains("eval --model m.gguf"));
-    // A lost host is given up on 15 s after ppl's own timeout names it; PPL_* reach every rank.
+    // A lost host is given up on 5 s after ppl's own timeout; PPL_* reach every rank.
     common::ppl_cmd()
         .env("PPL_COMM_TIMEOUT", "60")
         .args(["launch", "--hosts", "h1,h2", "--dry-run", "--", "eval"])
         .assert()
         .success()
         .stdout(contains("--mca oob_tcp_keepalive_time 10"))
-        .stdout(contains("--mca oob_tcp_keepalive_probes 15"))
+        .stdout(contains("--mca oob_tcp_keepalive_probes 13"))
         .stdout(contains("-x PPL_COMM_TIMEOUT"));
     common::ppl_cmd()
         .args([

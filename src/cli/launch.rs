@@ -155,10 +155,11 @@ pub fn mpirun_args(args: &LaunchArgs, exe: &Path, open_mpi: bool) -> anyhow::Res
 /// Open MPI's out-of-band keepalive, so that mpirun and its daemons give up on a lost host:
 /// by default they notice one only after 8 minutes of silence (300 s idle, then 9 probes 20 s
 /// apart), and mpirun cannot end a job whose host it cannot reach. Probes every 5 s after 10 s
-/// of silence, given up after `timeout` + 15 s: a rank's own `PPL_COMM_TIMEOUT` names the lost
-/// peer first, and the launcher still ends within `timeout` + 30 s.
+/// of silence, given up after `timeout` + 5 s of unanswered probes: the daemons drop a lost host
+/// 5–15 s after ppl's own `PPL_COMM_TIMEOUT` would name it, and the whole job ends within
+/// `timeout` + 30 s either way.
 pub fn lost_host_settings(timeout_s: u64) -> Vec<String> {
-    let probes = (timeout_s + 15).div_ceil(5).max(1);
+    let probes = (timeout_s + 5).div_ceil(5).max(1);
     [
         ("oob_tcp_keepalive_time", 10),
         ("oob_tcp_keepalive_intvl", 5),

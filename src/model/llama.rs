@@ -1048,6 +1048,11 @@ impl Llama {
                         {
                             // The output layer's copy on the GPU serves the lookups too.
                             EmbeddingTable::Quantized(q.clone())
+                        } else if let Some(Linear::Candle(QMatMul::Tensor(t))) =
+                            tied.filter(|_| embd.dtype() == GgmlDType::F32)
+                        {
+                            // An F32 table: the output layer's dense copy serves the lookups.
+                            EmbeddingTable::Dense(t.clone())
                         } else if let Some(m) = own_table(embd, kernels)? {
                             // F16/BF16 stay 16-bit: rows decoded as they are looked up.
                             EmbeddingTable::Own(m)
@@ -1182,15 +1187,23 @@ impl Llama {
         let output = self.output.as_ref().map_or(0, |o| o.bytes());
         // A tied embedding used as the output layer shares its storage (the quantized table
         // in native precision, the dense tensor otherwise): counted once.
-        let shared = self.config.tied_embeddings
-            && self.quantize.is_none_or(|q| !q.output && !q.embeddings)
-            && self.embedding.is_some()
-            && self.output.is_some()
-            && (self.precision != Precision::Native
-                || matches!(
-                    self.embedding.as_ref().map(|e| &e.table),
-                    Some(EmbeddingTable::Quantized(_) | EmbeddingTable::Own(_))
-                ));
+        // A tied table serving both lookups and the output layer is one copy: counted once.
+        let same = |a: *const (), b: *const ()| std::ptr::eq(a, b);
+        let shared = match (
+            self.embedding.as_ref().map(|e| &e.table),
+            self.output.as_ref(),
+        ) {
+            (Some(EmbeddingTable::Own(a)), Some(Linear::Own(b))) => {
+                same(Arc::as_ptr(a) as *const (), Arc::as_ptr(b) as *const ())
+            }
+            (Some(EmbeddingTable::Quantized(a)), Some(Linear::Candle(QMatMul::QTensor(b)))) => {
+                Arc::ptr_eq(a, b)
+            }
+            (Some(EmbeddingTable::Dense(a)), Some(Linear::Candle(QMatMul::Tensor(b)))) => {
+                a.id() == b.id()
+            }
+            _ => false,
+        };
         let norm = self
             .norm
             .as_ref()

@@ -10,6 +10,7 @@
 //! measured peak RSS of five SmolLM2 runs (native/f32, batch 1/4, ctx 512/1024, 1/2 ranks):
 //! every estimate landed within 6% of the measurement.
 
+use candle_core::quantized::GgmlDType;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
@@ -18,9 +19,9 @@ use super::{LlamaConfig, Partition, Precision};
 use crate::eval::LOGIT_ROWS;
 
 /// Fixed cost of the process: code, allocator arenas, thread stacks, text and token ids.
-const BASELINE: u64 = 100 << 20;
+const BASELINE: u64 = 30 << 20;
 /// Per-rank buffers that do not scale with the batch (scratch, RoPE tables, …).
-const RANK_BUFFERS: u64 = 30 << 20;
+const RANK_BUFFERS: u64 = 15 << 20;
 
 /// An estimate of peak memory, per process.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -51,14 +52,22 @@ fn tensor_bytes(t: &super::gguf::TensorInfo, precision: Precision) -> u64 {
         Precision::Bf16 | Precision::F16 => elems * 2,
         Precision::Native => match t.dtype {
             // Our Q4_1 kernel keeps d and m as f32: 24 bytes per 32 weights.
-            candle_core::quantized::GgmlDType::Q4_1 => elems / 32 * 24,
+            GgmlDType::Q4_1 => elems / 32 * 24,
+            // Q5_0 and Q8_0 are decoded to 32 signed bytes and an f32 scale per block.
+            GgmlDType::Q5_0 | GgmlDType::Q8_0 => elems / 32 * 36,
+            // K-quants (rows of 256 multiples): 6-bit scales and mins unpacked to bytes.
+            GgmlDType::Q4K if kquant_rows(t) => elems / 256 * 148,
+            GgmlDType::Q5K if kquant_rows(t) => elems / 256 * 180,
             // F16/BF16 matrices stay 16-bit in our kernel; vectors (norms) become f32.
-            candle_core::quantized::GgmlDType::F16 | candle_core::quantized::GgmlDType::BF16 => {
-                elems * if t.shape.len() == 2 { 2 } else { 4 }
-            }
+            GgmlDType::F16 | GgmlDType::BF16 => elems * if t.shape.len() == 2 { 2 } else { 4 },
             _ => t.size,
         },
     }
+}
+
+/// Whether a K-quant matrix goes to our kernels (rows a multiple of 256 values).
+fn kquant_rows(t: &super::gguf::TensorInfo) -> bool {
+    t.shape.len() == 2 && t.shape[1] > 0 && t.shape[1] % 256 == 0
 }
 
 /// Bytes of the weights a rank holding `part` keeps once loaded with `precision` (an FSDP
@@ -103,8 +112,9 @@ pub fn partition_weight_bytes(g: &GgufFile, precision: Precision, part: &Partiti
     }
 }
 
-/// Peak activation bytes of one forward pass over `batch` windows of `ctx` tokens.
-pub fn activation_bytes(mc: &LlamaConfig, batch: usize, ctx: usize) -> u64 {
+/// Peak activation bytes of one forward pass over `batch` windows of `ctx` tokens
+/// (`fused_attention`: our f32 kernel, which never holds a `[heads, t, t]` score tensor).
+pub fn activation_bytes(mc: &LlamaConfig, batch: usize, ctx: usize, fused_attention: bool) -> u64 {
     let (b, t) = (batch as u64, ctx as u64);
     let d = mc.hidden_size as u64;
     let ff = mc.intermediate_size as u64;
@@ -113,7 +123,11 @@ pub fn activation_bytes(mc: &LlamaConfig, batch: usize, ctx: usize) -> u64 {
     let kv = mc.n_kv_heads as u64;
     // Attention scores [b, heads, t, t]: one copy at the peak (the others are freed as the
     // next is made).
-    let scores = b * h * t * t * 4;
+    let scores = if fused_attention {
+        0
+    } else {
+        b * h * t * t * 4
+    };
     // Q, K, V (K and V repeated to every head), their transposed copies and the output.
     let qkv = (2 * h * hd + 2 * kv * hd + 2 * h * hd) * b * t * 4;
     // MLP: two [b, t, ff] tensors alive at once.
@@ -144,7 +158,9 @@ pub fn estimate(
             .map(|p| partition_weight_bytes(g, precision, p))
             .sum()
     };
-    let activations = activation_bytes(mc, batch, ctx);
+    // Native and f32 run our fused attention on the CPU.
+    let fused = matches!(precision, Precision::Native | Precision::F32);
+    let activations = activation_bytes(mc, batch, ctx, fused);
     let rows = (LOGIT_ROWS as u64).min((batch * ctx) as u64);
     let logits = 2 * rows * mc.vocab_size as u64 * 4;
     // Vocabulary hash maps and merge tables: about 200 bytes per entry.
