@@ -67,7 +67,7 @@ fn tensor_bytes(t: &super::gguf::TensorInfo, precision: Precision) -> u64 {
 
 /// Whether a K-quant matrix goes to our kernels (rows a multiple of 256 values).
 fn kquant_rows(t: &super::gguf::TensorInfo) -> bool {
-    t.shape.len() == 2 && t.shape[1] > 0 && t.shape[1] % 256 == 0
+    t.shape.len() == 2 && t.shape[1] > 0 && t.shape[1].is_multiple_of(256)
 }
 
 /// Bytes of the weights a rank holding `part` keeps once loaded with `precision` (an FSDP
