@@ -21,20 +21,23 @@ use super::gguf_write::{WriteError, Written};
 use super::LlamaConfig;
 use crate::tokenize::Tokenizer;
 
-/// The Hugging Face name of a GGUF tensor name (the inverse of the reader's mapping).
-fn hf_name(gguf: &str) -> Option<String> {
+/// The Hugging Face name of a GGUF tensor name (the inverse of the reader's mapping);
+/// `gemma`: Gemma 3's four norms per layer (`ppl synth` writes Gemma checkpoints).
+pub(crate) fn hf_name(gguf: &str, gemma: bool) -> Option<String> {
     match gguf {
         "token_embd.weight" => return Some("model.embed_tokens.weight".into()),
         "output_norm.weight" => return Some("model.norm.weight".into()),
         "output.weight" => return Some("lm_head.weight".into()),
         _ => {}
     }
-    let rest = gguf.strip_prefix("blk.")?;
-    let (layer, rest) = rest.split_once('.')?;
+    let (layer, rest) = gguf.strip_prefix("blk.")?.split_once('.')?;
     let (short, kind) = rest.rsplit_once('.')?;
     let module = match short {
         "attn_norm" => "input_layernorm",
+        "ffn_norm" if gemma => "pre_feedforward_layernorm",
         "ffn_norm" => "post_attention_layernorm",
+        "post_attention_norm" if gemma => "post_attention_layernorm",
+        "post_ffw_norm" if gemma => "post_feedforward_layernorm",
         "attn_q" => "self_attn.q_proj",
         "attn_k" => "self_attn.k_proj",
         "attn_v" => "self_attn.v_proj",
@@ -206,7 +209,7 @@ pub fn write(
         let mut names: Vec<(String, String)> = src
             .tensors
             .keys()
-            .filter_map(|g| hf_name(g).map(|h| (h, g.clone())))
+            .filter_map(|g| hf_name(g, false).map(|h| (h, g.clone())))
             .collect();
         names.sort();
         let mut current: Vec<Entry> = Vec::new();
@@ -374,8 +377,8 @@ mod tests {
             ),
             ("token_embd.weight", "model.embed_tokens.weight"),
         ] {
-            assert_eq!(hf_name(g).as_deref(), Some(h));
+            assert_eq!(hf_name(g, false).as_deref(), Some(h));
         }
-        assert_eq!(hf_name("rope_freqs.weight"), None);
+        assert_eq!(hf_name("rope_freqs.weight", false), None);
     }
 }

@@ -21,33 +21,7 @@ use crate::tokenize::Tokenizer;
 
 /// The Hugging Face name of a GGUF tensor name of the plan.
 fn hf_name(gguf: &str, family: Family) -> Option<String> {
-    match gguf {
-        "token_embd.weight" => return Some("model.embed_tokens.weight".into()),
-        "output_norm.weight" => return Some("model.norm.weight".into()),
-        "output.weight" => return Some("lm_head.weight".into()),
-        _ => {}
-    }
-    let (layer, rest) = gguf.strip_prefix("blk.")?.split_once('.')?;
-    let (short, kind) = rest.rsplit_once('.')?;
-    let gemma = family == Family::Gemma3;
-    let module = match short {
-        "attn_norm" => "input_layernorm",
-        "ffn_norm" if gemma => "pre_feedforward_layernorm",
-        "ffn_norm" => "post_attention_layernorm",
-        "post_attention_norm" => "post_attention_layernorm",
-        "post_ffw_norm" => "post_feedforward_layernorm",
-        "attn_q" => "self_attn.q_proj",
-        "attn_k" => "self_attn.k_proj",
-        "attn_v" => "self_attn.v_proj",
-        "attn_output" => "self_attn.o_proj",
-        "attn_q_norm" => "self_attn.q_norm",
-        "attn_k_norm" => "self_attn.k_norm",
-        "ffn_gate" => "mlp.gate_proj",
-        "ffn_up" => "mlp.up_proj",
-        "ffn_down" => "mlp.down_proj",
-        _ => return None,
-    };
-    Some(format!("model.layers.{layer}.{module}.{kind}"))
+    crate::model::hf_write::hf_name(gguf, family == Family::Gemma3)
 }
 
 /// The GGUF row whose values Hugging Face row `row` of a permuted Q/K matrix holds: within
