@@ -250,14 +250,6 @@ pub fn isa() -> Isa {
     isa_choice().used
 }
 
-/// AVX2 and FMA may be used (see [`isa`]): the check for a kernel with an AVX2 path only
-/// (the present ones take a level instead, so that tests can run each).
-#[cfg(target_arch = "x86_64")]
-#[allow(dead_code)]
-pub(crate) fn avx2_available() -> bool {
-    isa() >= Isa::Avx2
-}
-
 /// Sum of the eight lanes as ggml's `hsum_float_8` orders it:
 /// `((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7))`.
 ///
