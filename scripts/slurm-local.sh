@@ -13,7 +13,9 @@ die() { echo "slurm-local.sh: $*" >&2; exit 1; }
 up() {
   [ "$(id -u)" = 0 ] || die "needs root"
   if ! command -v slurmctld >/dev/null || ! command -v slurmd >/dev/null || ! command -v munged >/dev/null || ! command -v srun >/dev/null; then
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends slurmd slurmctld slurm-client munge >/dev/null
+    local pkgs=(slurmd slurmctld slurm-client munge)
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null 2>&1 ||
+      { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null; }
   fi
   local host cpus
   host=$(hostname)
