@@ -42,9 +42,14 @@ SlurmdLogFile=/var/log/slurm/slurmd.log
 NodeName=$host CPUs=$cpus State=UNKNOWN
 PartitionName=local Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
 EOF
-  pgrep -x munged >/dev/null || munged --force
-  pgrep -x slurmctld >/dev/null || slurmctld
-  pgrep -x slurmd >/dev/null || slurmd
+  pgrep -x munged >/dev/null || munged --force 2>/dev/null || die "munged did not start"
+  if ! pgrep -x slurmctld >/dev/null; then
+    # This controller's state is ours alone: start clean (a saved state from another
+    # configuration, e.g. another ClusterName, stops slurmctld at start-up).
+    rm -rf /var/spool/slurmctld/* /var/spool/slurmd/*
+    slurmctld || die "slurmctld did not start; see /var/log/slurm/slurmctld.log"
+  fi
+  pgrep -x slurmd >/dev/null || slurmd || die "slurmd did not start; see /var/log/slurm/slurmd.log"
   local i
   for i in $(seq 1 60); do
     if sinfo -h -o %t 2>/dev/null | grep -qE '^(idle|mix|alloc)'; then
@@ -59,6 +64,13 @@ EOF
 down() {
   pkill -x slurmd 2>/dev/null || true
   pkill -x slurmctld 2>/dev/null || true
+  local i
+  for i in $(seq 1 40); do
+    pgrep -x slurmd >/dev/null || pgrep -x slurmctld >/dev/null || return 0
+    sleep 0.25
+  done
+  pkill -9 -x slurmd 2>/dev/null || true
+  pkill -9 -x slurmctld 2>/dev/null || true
 }
 
 case "${1:-}" in
