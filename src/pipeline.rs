@@ -189,6 +189,19 @@ pub fn check_mesh(
     Ok(())
 }
 
+/// Every check of the configuration against the mesh, the model and this build that `eval`
+/// makes before loading: `ppl validate` runs the same, so it passes exactly what `eval` runs.
+pub fn check_plan(
+    cfg: &EvalConfig,
+    dims: &ParallelDims,
+    g: &GgufFile,
+    mc: &LlamaConfig,
+) -> Result<(), EvalError> {
+    check_mesh(dims, g, mc, cfg.quantize.as_ref())?;
+    check_precision(cfg, dims)?;
+    check_device(cfg, dims)
+}
+
 /// bf16/f16 activations run on whole models only: the model-parallel paths exchange f32.
 fn check_precision(cfg: &EvalConfig, dims: &ParallelDims) -> Result<(), EvalError> {
     if matches!(cfg.precision, Precision::Bf16 | Precision::F16) && dims.splits_model() {
@@ -462,9 +475,7 @@ pub fn setup_rank(
     let mc = LlamaConfig::from_gguf(&gguf)?;
     check_config(cfg, &mc)?;
     let dims = cfg.dims(comm.size())?;
-    check_mesh(&dims, &gguf, &mc, cfg.quantize.as_ref())?;
-    check_precision(cfg, &dims)?;
-    check_device(cfg, &dims)?;
+    check_plan(cfg, &dims, &gguf, &mc)?;
     let tok = Tokenizer::from_gguf(&gguf)?;
     if tok.vocab_size != mc.vocab_size {
         return Err(EvalError::Model(ModelError::Invalid {
@@ -493,7 +504,18 @@ pub fn setup_rank(
 
     // Rank 0 names the run directory; every rank uses its choice.
     let run_dir = if comm.rank() == 0 {
-        cfg.run_dir.clone().unwrap_or_else(default_run_dir)
+        match &cfg.run_dir {
+            Some(d) => d.clone(),
+            None => {
+                let root = crate::eval::runs::runs_root();
+                crate::eval::runs::claim_new(&root).map_err(|e| {
+                    EvalError::Config(format!(
+                        "cannot create a run directory under {}: {e}; give a writable --run-dir DIR (or set PPL_STATE_DIR)",
+                        root.display()
+                    ))
+                })?
+            }
+        }
     } else {
         PathBuf::new()
     };
@@ -544,39 +566,6 @@ pub fn setup_rank(
     })
 }
 
-/// A fresh directory under `runs/`, named by the UTC time (a counter added if taken).
-fn default_run_dir() -> PathBuf {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    let stamp = format!(
-        "{year:04}{month:02}{day:02}-{:02}{:02}{:02}",
-        rem / 3600,
-        rem / 60 % 60,
-        rem % 60
-    );
-    let _ = std::fs::create_dir_all("runs");
-    // Claimed by creating it, so two runs started in the same second get different ones.
-    (0..1000)
-        .map(|i| match i {
-            0 => PathBuf::from("runs").join(&stamp),
-            i => PathBuf::from("runs").join(format!("{stamp}-{i}")),
-        })
-        .find(|p| std::fs::create_dir(p).is_ok())
-        .unwrap_or_else(|| PathBuf::from("runs").join(format!("{stamp}-{}", std::process::id())))
-}
-
 /// What rank 0 tells every rank before scoring: the ledger attempt number and the windows the
 /// ledgers already hold.
 #[derive(serde::Serialize, serde::Deserialize)]
@@ -613,6 +602,13 @@ fn plan_resume(
     }
     for n in &notes {
         tracing::warn!("{n}");
+    }
+    if !matches!(opts.progress, Some(ProgressMode::None)) && !cfg.resume {
+        let shown = std::path::absolute(dir).unwrap_or_else(|_| dir.clone());
+        eprintln!(
+            "[ppl] run directory {0} (if stopped: ppl eval --resume {0})",
+            shown.display()
+        );
     }
     Ok((
         ResumePlan {
@@ -995,7 +991,7 @@ pub fn evaluate_rank(
         cfg,
         &setup,
         1,
-        ranks_on_this_node(),
+        crate::dist::launcher::ranks_on_this_node(),
         std::slice::from_ref(&part),
     ) {
         Ok(m) => m,
@@ -1007,7 +1003,7 @@ pub fn evaluate_rank(
     let t_load = Instant::now();
     let model = match cfg
         .device
-        .open(local_rank())
+        .open(crate::dist::launcher::local_rank())
         .map_err(EvalError::from)
         .and_then(|d| {
             Ok(Llama::load(
@@ -1040,33 +1036,6 @@ pub fn evaluate_rank(
         memory: Some(memory),
         ..r
     }))
-}
-
-/// This process's index among the MPI ranks of its node (which GPU `--device cuda` gives it).
-fn local_rank() -> usize {
-    launcher_var(&[
-        "OMPI_COMM_WORLD_LOCAL_RANK",
-        "MPI_LOCALRANKID",
-        "SLURM_LOCALID",
-    ])
-    .unwrap_or(0)
-}
-
-/// MPI ranks sharing this node (they share its memory).
-fn ranks_on_this_node() -> usize {
-    launcher_var(&[
-        "OMPI_COMM_WORLD_LOCAL_SIZE",
-        "MPI_LOCALNRANKS",
-        "SLURM_NTASKS_PER_NODE",
-    ])
-    .unwrap_or(1)
-}
-
-/// The first of these launcher variables (OpenMPI, MPICH, Slurm) that holds a number.
-fn launcher_var(names: &[&str]) -> Option<usize> {
-    names
-        .iter()
-        .find_map(|v| std::env::var(v).ok()?.parse().ok())
 }
 
 /// Estimates this process's peak memory and refuses, before loading, a run that cannot fit,

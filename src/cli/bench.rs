@@ -4,7 +4,7 @@
 //! `--llama-perplexity BIN` the same workload also runs through llama.cpp and the median of
 //! the per-round wall-time ratios is printed.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::Instant;
 
@@ -131,6 +131,10 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
                 ])
                 .args(["--precision", &p.to_string(), "--quiet", "--output"])
                 .arg(&out)
+                // The ledger goes with the measurement into the temporary directory: a
+                // benchmark leaves nothing behind.
+                .arg("--run-dir")
+                .arg(tmp.join(format!("run-{round}-{p}")))
                 .status()?;
             let wall = t.elapsed().as_secs_f64();
             if !st.success() {
@@ -268,12 +272,28 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         std::fs::write(o, serde_json::to_vec_pretty(&report)?)
             .with_context(|| format!("cannot write {}", o.display()))?;
     }
-    let _ = std::fs::remove_dir_all(&tmp);
     Ok(ExitCode::SUCCESS)
 }
 
-fn tempdir() -> anyhow::Result<PathBuf> {
+/// The benchmark's scratch directory (results and ledgers of its runs), removed when the
+/// benchmark ends, however it ends.
+struct ScratchDir(PathBuf);
+
+impl std::ops::Deref for ScratchDir {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn tempdir() -> anyhow::Result<ScratchDir> {
     let d = std::env::temp_dir().join(format!("ppl-bench-{}", std::process::id()));
     std::fs::create_dir_all(&d)?;
-    Ok(d)
+    Ok(ScratchDir(d))
 }

@@ -174,6 +174,7 @@ const SCHEMA: &[(&str, Kind)] = &[
     ),
     ("output.dir", Kind::Path),
     ("output.report", Kind::Bool),
+    ("output.run_dir", Kind::Path),
 ];
 
 /// A checked scalar.
@@ -512,25 +513,6 @@ impl Config {
             Some(b) if p.is_relative() && !b.as_os_str().is_empty() => b.join(p),
             _ => p,
         })
-    }
-
-    /// The resolved configuration as YAML (`ppl config show`).
-    pub fn to_yaml(&self) -> String {
-        let mut out = String::new();
-        let mut section = String::new();
-        for (k, v) in &self.values {
-            let (sec, rest) = k.split_once('.').unwrap_or(("", k));
-            if sec != section {
-                out += &format!("{sec}:\n");
-                section = sec.to_string();
-            }
-            let v = match v {
-                Value::Str(s) if s.contains([':', '#', ' ']) => format!("\"{s}\""),
-                v => v.to_string(),
-            };
-            out += &format!("  {rest}: {v}\n");
-        }
-        out
     }
 }
 

@@ -6,10 +6,11 @@ mod bench;
 pub mod config;
 pub mod inspect;
 mod launch;
+mod runs;
 mod synth;
 mod validate;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{bail, Context};
@@ -48,6 +49,14 @@ enum Command {
     /// Evaluate the perplexity of a GGUF model on a text file.
     Eval(EvalArgs),
     /// Compare a model with a base on the same tokens: KL divergence, ΔPPL, same top token.
+    // The evaluation flags that do nothing here are hidden (and refused if given).
+    #[command(
+        mut_arg("run_dir", |a| a.hide(true)),
+        mut_arg("resume", |a| a.hide(true)),
+        mut_arg("report", |a| a.hide(true)),
+        mut_arg("expect", |a| a.hide(true)),
+        mut_arg("print_chunks", |a| a.hide(true))
+    )]
     Compare(CompareArgs),
     /// Write a float copy of a GGUF model (every matrix dequantized to f32, f16 or bf16).
     Export(ExportArgs),
@@ -73,6 +82,8 @@ enum Command {
     Report(ReportArgs),
     /// Check a configuration before running it: a pass/warn/fail checklist (exit 1 on failure).
     Validate(validate::ValidateArgs),
+    /// The run directories (ledgers of finished windows, for --resume), newest first.
+    Runs(runs::RunsArgs),
     /// Configuration files: `ppl config show --config F [--set K=V]` prints the resolved one.
     Config {
         #[command(subcommand)]
@@ -201,7 +212,8 @@ pub struct EvalArgs {
     #[arg(long)]
     print_chunks: bool,
     /// Run directory: the ledger of finished windows and the configuration go here
-    /// [default: a fresh runs/YYYYMMDD-HHMMSS].
+    /// [default: a fresh YYYYMMDD-HHMMSS under ~/.local/state/ppl/runs ($XDG_STATE_HOME,
+    /// $PPL_STATE_DIR); `ppl runs` lists them].
     #[arg(long, value_name = "DIR")]
     run_dir: Option<PathBuf>,
     /// Resume the run in DIR: windows its ledgers hold are not recomputed. Without --config
@@ -237,24 +249,32 @@ pub enum Backend {
 }
 
 /// Whether this process was started by an MPI launcher.
-fn under_mpi_launcher() -> bool {
-    [
-        "OMPI_COMM_WORLD_SIZE",
-        "PMI_SIZE",
-        "PMIX_RANK",
-        "MPI_LOCALNRANKS",
-    ]
-    .iter()
-    .any(|v| std::env::var_os(v).is_some())
-}
-
 impl EvalArgs {
     fn backend(&self) -> Backend {
-        self.backend.unwrap_or(if under_mpi_launcher() {
-            Backend::Mpi
-        } else {
-            Backend::Local
-        })
+        self.backend
+            .unwrap_or(if crate::dist::launcher::under_launcher() {
+                Backend::Mpi
+            } else {
+                Backend::Local
+            })
+    }
+
+    /// `ppl compare` shares the evaluation flags, but keeps no ledger and writes no report:
+    /// these flags would do nothing there, so they are refused rather than ignored.
+    fn refuse_eval_only_flags(&self) -> anyhow::Result<()> {
+        let given = [
+            ("--run-dir", self.run_dir.is_some()),
+            ("--resume", self.resume.is_some()),
+            ("--report", self.report.is_some()),
+            ("--expect", self.expect.is_some()),
+            ("--print-chunks", self.print_chunks),
+        ];
+        if let Some((flag, _)) = given.iter().find(|(_, set)| *set) {
+            bail!(
+                "{flag} applies to `ppl eval`, not to `ppl compare` (which keeps no ledger and writes its comparison with -o/--output); drop {flag}"
+            );
+        }
+        Ok(())
     }
 
     fn run_options(&self) -> anyhow::Result<RunOptions> {
@@ -340,9 +360,6 @@ impl EvalArgs {
             embeddings: !skip_embeddings,
             output: !skip_output,
         });
-        if let Some(f) = c.str("model.format").filter(|f| *f != "gguf") {
-            bail!("model.format = {f}: only GGUF models are supported so far");
-        }
         let precision = match (self.precision, c.str("evaluation.precision")) {
             (Some(p), _) => p,
             (None, Some("f32")) => Precision::F32,
@@ -435,6 +452,7 @@ impl EvalArgs {
         ) else {
             bail!("give the model and the data: --model M.gguf --data text.txt (or model.path / data.path in --config)");
         };
+        check_model_format(c.str("model.format"), &model)?;
         let schedule = self
             .schedule
             .or_else(|| {
@@ -490,7 +508,11 @@ impl EvalArgs {
                 comm_dtype,
                 tp_backend,
                 quantize,
-                run_dir: self.resume.clone().or_else(|| self.run_dir.clone()),
+                run_dir: self
+                    .resume
+                    .clone()
+                    .or_else(|| self.run_dir.clone())
+                    .or_else(|| c.path("output.run_dir")),
                 resume: self.resume.is_some(),
             },
             ranks_given: self.ranks.is_some() || dp.is_some(),
@@ -498,6 +520,28 @@ impl EvalArgs {
             report,
         })
     }
+}
+
+/// `model.format` (a config file's statement of what `model.path` is) against the path:
+/// `gguf` is a file, `safetensors` a Hugging Face checkpoint directory.
+fn check_model_format(format: Option<&str>, model: &Path) -> anyhow::Result<()> {
+    let Some(format) = format else {
+        return Ok(());
+    };
+    let is_dir = model.is_dir();
+    if model.exists() && is_dir != (format == "safetensors") {
+        bail!(
+            "model.format = {format}, but model.path {} is {}: use format: {}",
+            model.display(),
+            if is_dir {
+                "a directory (a Hugging Face checkpoint)"
+            } else {
+                "a file"
+            },
+            if is_dir { "safetensors" } else { "gguf" }
+        );
+    }
+    Ok(())
 }
 
 /// Everything `ppl eval` runs with, after phase two.
@@ -532,8 +576,13 @@ impl Resolved {
     fn yaml(&self, keep_world: bool) -> String {
         let e = &self.eval;
         let mut out = format!(
-            "model:\n  path: {}\n  format: gguf\ndata:\n  path: {}\n  method: {}\n",
+            "model:\n  path: {}\n  format: {}\ndata:\n  path: {}\n  method: {}\n",
             e.model.display(),
+            if e.model.is_dir() {
+                "safetensors"
+            } else {
+                "gguf"
+            },
             e.data.display(),
             e.method
         );
@@ -569,12 +618,36 @@ impl Resolved {
             e.tp_backend,
             e.batch_size, e.ctx, e.precision, e.device, e.threads, e.schedule, e.seed, e.bootstrap_samples
         );
+        if let Some(q) = &e.quantize {
+            let kind = match q.scheme {
+                Scheme::Int4 => "int4_weight_only".to_string(),
+                Scheme::Int8 => "int8_weight_only".to_string(),
+                s => s.to_string(),
+            };
+            let skip = match (q.embeddings, q.output) {
+                (true, true) => "none",
+                (false, true) => "embeddings",
+                (true, false) => "output",
+                (false, false) => "embeddings,output",
+            };
+            out += &format!(
+                "  quantizer:\n    type: {kind}\n    groupsize: {}\n    skip: {skip}\n",
+                q.group_size
+            );
+        }
+        if self.output.is_some() || (keep_world && e.run_dir.is_some()) {
+            out += "output:\n";
+        }
         if let Some(o) = &self.output {
             out += &format!(
-                "output:\n  dir: {}\n  report: {}\n",
+                "  dir: {}\n  report: {}\n",
                 o.parent().map_or(".".into(), |p| p.display().to_string()),
                 self.report.is_some()
             );
+        }
+        // A saved configuration lives in its run directory: `--resume` names it.
+        if let Some(d) = e.run_dir.as_ref().filter(|_| keep_world) {
+            out += &format!("  run_dir: {}\n", d.display());
         }
         out
     }
@@ -745,15 +818,7 @@ fn default_threads() -> usize {
 
 /// Under an MPI launcher, ranks on one node share its cores: cores / local ranks.
 fn default_threads_under_mpi() -> usize {
-    let local: usize = [
-        "OMPI_COMM_WORLD_LOCAL_SIZE",
-        "MPI_LOCALNRANKS",
-        "SLURM_NTASKS_PER_NODE",
-    ]
-    .iter()
-    .find_map(|v| std::env::var(v).ok()?.parse().ok())
-    .unwrap_or(1);
-    (default_threads() / local.max(1)).max(1)
+    (default_threads() / crate::dist::launcher::ranks_on_this_node()).max(1)
 }
 
 /// Pins the compute thread count: candle's matmul pools read these variables once, on first
@@ -858,6 +923,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Compare(args) => {
+            args.eval.refuse_eval_only_flags()?;
             let mut resolved = args.eval.resolve()?;
             stdin_to_file(&mut resolved.eval, args.eval.backend())?;
             let cfg = &resolved.eval;
@@ -985,6 +1051,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Models(args) => inspect::run_models(args),
         Command::Launch(args) => launch::run(args),
         Command::Validate(args) => validate::run(args),
+        Command::Runs(args) => runs::run(args),
         Command::Config {
             action: ConfigAction::Show(args),
         } => {

@@ -99,7 +99,13 @@ fn local_checks(args: &ValidateArgs, list: &mut Checklist) {
         ),
     );
     let resolved = match args.eval.resolve() {
-        Ok(r) => {
+        Ok(mut r) => {
+            // Under a launcher the world is the launcher's, as `eval` will find it.
+            if args.eval.backend() == super::Backend::Mpi && !r.ranks_given {
+                if let Some(n) = crate::dist::launcher::world_size() {
+                    r.eval.ranks = n;
+                }
+            }
             list.add(
                 Status::Pass,
                 "configuration",
@@ -234,7 +240,7 @@ fn local_checks(args: &ValidateArgs, list: &mut Checklist) {
     let mut parts: Vec<crate::model::Partition> = Vec::new();
     match cfg
         .dims(cfg.ranks)
-        .and_then(|d| crate::pipeline::check_mesh(&d, &g, &mc, cfg.quantize.as_ref()).map(|_| d))
+        .and_then(|d| crate::pipeline::check_plan(cfg, &d, &g, &mc).map(|_| d))
     {
         Ok(dims) if dims.splits_model() => {
             for r in 0..dims.world() {
@@ -481,7 +487,8 @@ fn human(b: usize) -> String {
 pub fn run(args: ValidateArgs) -> anyhow::Result<ExitCode> {
     let mut list = Checklist::default();
     let mpi = args.eval.backend() == super::Backend::Mpi;
-    let mut is_root = true;
+    // Under a launcher every rank runs this; one checklist is printed (rank 0's).
+    let mut is_root = !mpi || crate::dist::launcher::world_rank().unwrap_or(0) == 0;
     if !mpi || !args.distributed {
         local_checks(&args, &mut list);
     }

@@ -15,6 +15,7 @@
 pub mod agreement;
 pub mod codec;
 pub mod group;
+pub mod launcher;
 pub mod local;
 pub mod mesh;
 #[cfg(feature = "mpi")]

@@ -96,7 +96,10 @@ impl MpiComm {
 
     /// The MPI library's version string.
     pub fn library_version() -> String {
-        mpi::environment::library_version().unwrap_or_else(|_| "unknown".into())
+        // Open MPI's string carries its C terminator: without it, the text stays text.
+        mpi::environment::library_version()
+            .map(|v| v.trim_end_matches('\0').to_string())
+            .unwrap_or_else(|_| "unknown".into())
     }
 
     fn poll<T>(&self, peer: &str, mut f: impl FnMut() -> Option<T>) -> Result<T, CommError> {

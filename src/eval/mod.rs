@@ -11,6 +11,7 @@ pub mod base_file;
 pub mod kld;
 pub mod ledger;
 pub mod nll;
+pub mod runs;
 pub mod stats;
 
 use candle_core::{Device, Tensor};

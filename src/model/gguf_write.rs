@@ -112,8 +112,7 @@ fn target_type(
         Conversion::Quantize(q) => {
             let wanted = match name {
                 "output.weight" => q.output,
-                "token_embd.weight" if tied => q.output,
-                "token_embd.weight" => q.embeddings,
+                "token_embd.weight" => q.covers_embeddings(tied),
                 _ => true,
             };
             let output = name == "output.weight" || (tied && name == "token_embd.weight");

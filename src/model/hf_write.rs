@@ -166,6 +166,9 @@ pub fn write(
     shard_bytes: u64,
 ) -> Result<Written, WriteError> {
     let (st_dtype, torch_dtype) = dtype_names(dtype)?;
+    // `model-hf/` names the same directory as `model-hf`: without the trailing separator, so
+    // the temporary directory beside it is not made inside it.
+    let out: &Path = &out.components().collect::<PathBuf>();
     let config = LlamaConfig::from_gguf(src).map_err(|e| WriteError::Unsupported(e.to_string()))?;
     if config.gemma {
         return Err(WriteError::Unsupported(format!(

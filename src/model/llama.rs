@@ -987,7 +987,7 @@ impl Llama {
         };
         let full_vocab = v;
         let (mut embedding, mut output) = (None, None);
-        let quant_embd = quantize.filter(|q| q.embeddings);
+        let quant_embd = quantize.filter(|q| q.covers_embeddings(config.tied_embeddings));
         let quant_out = quantize.filter(|q| q.output);
         // A tied table follows the output layer's type (as llama.cpp's quantizer).
         let embd_site = Site {

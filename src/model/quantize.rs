@@ -91,6 +91,21 @@ pub struct Quantize {
     pub output: bool,
 }
 
+impl Quantize {
+    /// Whether the token embedding table's lookups read quantized rows. A GGUF type treats
+    /// a tied table as the one tensor it is in a file: it follows the output layer's choice
+    /// (as llama.cpp's quantizer does), so `--quantize q4_0` at load scores exactly what
+    /// `ppl quantize --type q4_0` writes. The torchao-style schemes quantize linear layers
+    /// only: a tied table's lookups keep the stored values unless `embeddings` is asked for.
+    pub fn covers_embeddings(&self, tied: bool) -> bool {
+        if tied && self.scheme.ggml().is_some() {
+            self.output
+        } else {
+            self.embeddings
+        }
+    }
+}
+
 /// A weight after quantization: the dequantized values (int4, int8), or a GGUF-typed tensor.
 pub enum Quantized {
     Dense(Tensor),

@@ -133,33 +133,63 @@ pub struct Expectation {
     pub message: String,
 }
 
-/// Scoring options that change results (batch size, threads, ranks and schedule do not).
-const RESULT_KEYS: [&str; 9] = [
-    "method",
-    "ctx",
-    "stride",
-    "chunks",
-    "max_tokens",
-    "precision",
-    "device",
-    "seed",
-    "bootstrap_samples",
+/// Options that never change a result (exactness: the PPL is bit-identical whatever the batch
+/// size, threads, ranks or schedule), or that are compared by content instead (the model and
+/// data paths: their SHA-256 below). Every other option counts, so a new option is compared
+/// without being listed here.
+const NEUTRAL_KEYS: [&str; 8] = [
+    "batch_size",
+    "threads",
+    "ranks",
+    "schedule",
+    "resume",
+    "run_dir",
+    "model",
+    "data",
 ];
+
+/// Mesh degrees that change the arithmetic (a tensor- or context-parallel cut splits sums);
+/// data, FSDP and pipeline degrees do not.
+const ARITHMETIC_DEGREES: [&str; 2] = ["tp", "cp"];
+
+/// The result-changing options of a run's `config`, flattened to `key → value`.
+fn result_options(
+    config: &serde_json::Value,
+) -> std::collections::BTreeMap<String, serde_json::Value> {
+    let mut out = std::collections::BTreeMap::new();
+    let Some(map) = config.as_object() else {
+        return out;
+    };
+    for (k, v) in map {
+        if NEUTRAL_KEYS.contains(&k.as_str()) {
+            continue;
+        }
+        if k == "parallel" {
+            for d in ARITHMETIC_DEGREES {
+                // An unset degree and a degree of 1 are the same mesh.
+                let deg = v.get(d).and_then(|x| x.as_i64()).unwrap_or(1);
+                out.insert(format!("parallel.{d}"), deg.into());
+            }
+            continue;
+        }
+        out.insert(k.clone(), v.clone());
+    }
+    // Results written before `device` existed ran on the CPU.
+    out.entry("device".into()).or_insert_with(|| "cpu".into());
+    out
+}
 
 /// Compares a run with a previous one of (supposedly) the same configuration, and explains a
 /// difference by what changed: options, seed, model, data, tokenizer or ppl version.
 pub fn expectation(prev: &Results, now: &Results) -> Expectation {
     let mut changed = Vec::new();
-    for key in RESULT_KEYS {
-        // Results written before `device` existed ran on the CPU.
-        let cpu = serde_json::Value::from("cpu");
-        let get = |c: &serde_json::Value| match c.get(key) {
-            None if key == "device" => Some(cpu.clone()),
-            v => v.cloned(),
-        };
-        let (a, b) = (get(&prev.config), get(&now.config));
-        let (a, b) = (a.as_ref(), b.as_ref());
-        if a != b {
+    let (before, after) = (result_options(&prev.config), result_options(&now.config));
+    let keys: std::collections::BTreeSet<&String> = before.keys().chain(after.keys()).collect();
+    for key in keys {
+        let (a, b) = (before.get(key), after.get(key));
+        // An option absent from an older results file and null in a newer one is unset in both.
+        let unset = |v: Option<&serde_json::Value>| v.is_none_or(|v| v.is_null());
+        if a != b && !(unset(a) && unset(b)) {
             let show =
                 |v: Option<&serde_json::Value>| v.map_or("unset".to_string(), |v| v.to_string());
             changed.push(format!("{key}: {} → {}", show(a), show(b)));

@@ -38,6 +38,8 @@ pub struct Progress {
     start: Instant,
     last_line: Instant,
     line_every: Duration,
+    /// Windows done at the last progress line (a batch that brings none is not news).
+    line_windows: usize,
 }
 
 impl Progress {
@@ -81,6 +83,7 @@ impl Progress {
             start: now,
             last_line: now,
             line_every: Duration::from_secs(10),
+            line_windows: 0,
         }
     }
 
@@ -110,10 +113,12 @@ impl Progress {
             b.set_position(self.done_windows as u64);
             b.set_message(format!("{tps:.0} tok/s, PPL {ppl:.4}"));
         } else if self.lines
+            && self.done_windows != self.line_windows
             && (self.last_line.elapsed() >= self.line_every
                 || self.done_windows == self.total_windows)
         {
             self.last_line = Instant::now();
+            self.line_windows = self.done_windows;
             let left = self.total_tokens.saturating_sub(self.done_tokens) as f64 / tps.max(1e-9);
             eprintln!(
                 "[ppl] {}/{} windows, {tps:.0} tokens/s, running PPL {ppl:.4}, ETA {left:.0} s",
