@@ -818,7 +818,14 @@ pub fn run_rank(
             .entry(gguf::ggml_type_name(t.type_id))
             .or_insert(0) += 1;
     }
-    let input_tokens: usize = plan.windows.iter().map(|w| w.input.len()).sum();
+    // Throughput counts the windows computed in this attempt: those from the ledger took no
+    // time here.
+    let (input_tokens, scored_tokens) = results
+        .iter()
+        .filter(|r| !done_set.contains(&r.index))
+        .fold((0usize, 0u64), |(i, s), r| {
+            (i + r.input_tokens, s + r.acc.count)
+        });
     let mc = &setup.mc;
     let tok = &setup.tok;
     let documents = setup.prepared.documents;
@@ -875,7 +882,7 @@ pub fn run_rank(
             eval_s,
             total_s: setup.started.elapsed().as_secs_f64(),
             tokens_per_s: input_tokens as f64 / eval_s,
-            scored_tokens_per_s: total.count as f64 / eval_s,
+            scored_tokens_per_s: scored_tokens as f64 / eval_s,
         },
         system: SystemInfo {
             threads: cfg.threads,

@@ -192,3 +192,23 @@ fn types_gguf_cannot_hold_and_bad_inputs_are_refused() {
         "no partial output"
     );
 }
+
+/// The README's promise with the defaults of both commands: `ppl quantize --type q4_0` writes
+/// what `eval --quantize q4_0` scores (the tied table follows the output layer in both), in a
+/// file labelled GGUF version 3 like its input.
+#[test]
+fn a_quantized_file_with_default_options_scores_as_quantize_at_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = common::model().display().to_string();
+    let q4 = run(
+        &["quantize", &m, "--type", "q4_0"],
+        &dir.path().join("q4_0.gguf"),
+    );
+    let mut at_load = WORKLOAD.to_vec();
+    at_load.extend(["--quantize", "q4_0"]);
+    assert_same_numbers(&eval(&at_load), &eval_file(&q4, &[]));
+    let head = std::fs::read(&q4).unwrap();
+    assert_eq!(&head[..4], b"GGUF");
+    assert_eq!(u32::from_le_bytes(head[4..8].try_into().unwrap()), 3);
+    assert_eq!(GgufFile::open(&q4).unwrap().version, 3);
+}

@@ -130,8 +130,26 @@ fn validate_under_mpirun_measures_the_link() {
     ] {
         assert!(stdout.contains(line), "missing '{line}' in:\n{stdout}");
     }
-    // Only rank 0 prints the checklist.
+    // Only rank 0 prints the checklist; the configuration is the launcher's world; the MPI
+    // library's version is text (no C terminator).
     assert_eq!(stdout.matches("checks:").count(), 1, "{stdout}");
+    assert!(stdout.contains(", 2 rank(s)"), "{stdout}");
+    assert!(!st.stdout.contains(&0u8), "a NUL byte in:\n{stdout}");
+
+    // Without --distributed: still one checklist, for the world mpirun started.
+    let st = mpirun()
+        .args(["-np", "2"])
+        .arg(ppl())
+        .args(["validate", "--model"])
+        .arg(common::model())
+        .arg("--data")
+        .arg(common::wikitext())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&st.stdout);
+    assert!(st.status.success(), "{stdout}");
+    assert_eq!(stdout.matches("checks:").count(), 1, "{stdout}");
+    assert!(stdout.contains(", 2 rank(s)"), "{stdout}");
 }
 
 /// The model-parallel workload of `tests/parallel.rs`.

@@ -204,3 +204,40 @@ fn report_of_a_missing_or_foreign_file_is_a_clear_error() {
         .failure()
         .stderr(contains("is not a ppl results file"));
 }
+
+/// `ppl report` reads results.json back: the PPL it shows is the file's value to the last
+/// bit (JSON numbers parsed exactly, not to within one unit in the last place).
+#[test]
+fn a_report_rendered_from_results_json_carries_its_exact_ppl() {
+    let dir = tempfile::tempdir().unwrap();
+    let (json, _) = run(dir.path(), "exact", &["--ctx", "64", "--chunks", "3"]);
+    let text = std::fs::read_to_string(&json).unwrap();
+    let in_json = text
+        .split("\"ppl\": ")
+        .nth(1)
+        .and_then(|t| t.split([',', '\n']).next())
+        .unwrap()
+        .trim()
+        .to_string();
+    let html_path = dir.path().join("rendered.html");
+    common::ppl_cmd()
+        .arg("report")
+        .arg(&json)
+        .arg("-o")
+        .arg(&html_path)
+        .assert()
+        .success();
+    let html = std::fs::read_to_string(&html_path).unwrap();
+    let doc = Html::parse_document(&html);
+    let shown = doc
+        .select(&sel("p.big span[data-value]"))
+        .next()
+        .and_then(|e| e.value().attr("data-value"))
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        shown.parse::<f64>().unwrap().to_bits(),
+        in_json.parse::<f64>().unwrap().to_bits(),
+        "report {shown} vs results.json {in_json}"
+    );
+}

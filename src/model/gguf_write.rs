@@ -5,7 +5,7 @@
 //! The metadata is copied as is, except `general.file_type` (llama.cpp's name for the
 //! dominant type) and `general.quantization_version`. One-dimensional tensors (norms, biases)
 //! stay F32, as llama.cpp keeps them. The container is written by candle's GGUF writer
-//! (version 2, 32-byte alignment); every tensor is converted before the file is created and
+//! (labelled version 3, as the layout is; 32-byte alignment); every tensor is converted before the file is created and
 //! the file is renamed into place at the end, so a failure leaves no partial output.
 
 use std::path::{Path, PathBuf};
@@ -217,7 +217,14 @@ pub fn write(src: &GgufFile, out: &Path, conversion: &Conversion) -> Result<Writ
     };
     let tmp = out.with_extension("gguf.tmp");
     let result = (|| -> Result<(), WriteError> {
-        let mut f = std::io::BufWriter::new(std::fs::File::create(&tmp).map_err(io)?);
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&tmp)
+            .map_err(io)?;
+        let mut f = std::io::BufWriter::new(file);
         let md: Vec<(&str, &gguf_file::Value)> =
             metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
         let ts: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
@@ -226,7 +233,8 @@ pub fn write(src: &GgufFile, out: &Path, conversion: &Conversion) -> Result<Writ
             name: "(container)".into(),
             source: Box::new(source),
         })?;
-        let file = f.into_inner().map_err(|e| io(e.into_error()))?;
+        let mut file = f.into_inner().map_err(|e| io(e.into_error()))?;
+        mark_version_3(&mut file).map_err(io)?;
         file.sync_all().map_err(io)?;
         std::fs::rename(&tmp, out).map_err(io)
     })();
@@ -242,6 +250,22 @@ pub fn write(src: &GgufFile, out: &Path, conversion: &Conversion) -> Result<Writ
             .map(|(n, t)| (n.clone(), t.dtype()))
             .collect(),
     })
+}
+
+/// candle's writer labels its files GGUF version 2; their little-endian layout is exactly
+/// version 3's (v3 only added big-endian files), so the label is raised to 3, the version
+/// llama.cpp writes and the input files carry.
+fn mark_version_3(file: &mut std::fs::File) -> std::io::Result<()> {
+    use std::io::{Read, Seek, SeekFrom, Write};
+    let mut head = [0u8; 8];
+    file.seek(SeekFrom::Start(0))?;
+    file.read_exact(&mut head)?;
+    if &head[..4] != b"GGUF" || u32::from_le_bytes([head[4], head[5], head[6], head[7]]) != 2 {
+        return Ok(());
+    }
+    file.seek(SeekFrom::Start(4))?;
+    file.write_all(&3u32.to_le_bytes())?;
+    file.flush()
 }
 
 #[cfg(test)]

@@ -348,14 +348,28 @@ impl Results {
             .as_ref()
             .map(|k| format!(", {} kernels", k.isa))
             .unwrap_or_default();
-        s += &format!(
-            "throughput: {:.1} tokens/s through the model ({:.1} scored/s), eval {:.2} s, total {:.2} s, {} threads{rss}{isa}\n",
-            self.timings.tokens_per_s,
-            self.timings.scored_tokens_per_s,
-            self.timings.eval_s,
-            self.timings.total_s,
-            self.system.threads
-        );
+        let threads = match self.system.threads {
+            1 => "1 thread".to_string(),
+            n => format!("{n} threads"),
+        };
+        let all_from_ledger = self
+            .run
+            .as_ref()
+            .is_some_and(|r| r.windows_from_ledger == self.windows.len());
+        if all_from_ledger {
+            s += &format!(
+                "throughput: none measured (every window came from the run's ledger), total {:.2} s, {threads}{rss}\n",
+                self.timings.total_s
+            );
+        } else {
+            s += &format!(
+                "throughput: {:.1} tokens/s through the model ({:.1} scored/s), eval {:.2} s, total {:.2} s, {threads}{rss}{isa}\n",
+                self.timings.tokens_per_s,
+                self.timings.scored_tokens_per_s,
+                self.timings.eval_s,
+                self.timings.total_s,
+            );
+        }
         s
     }
 }

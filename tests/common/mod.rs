@@ -61,8 +61,12 @@ fn fetched(m: &ppl::model::fetch::TestModel) -> PathBuf {
     })
 }
 
+/// The `ppl` binary, its default run directories in a scratch state directory (tests leave
+/// nothing in the user's `~/.local/state/ppl`).
 pub fn ppl_cmd() -> assert_cmd::Command {
-    assert_cmd::Command::cargo_bin("ppl").unwrap()
+    let mut c = assert_cmd::Command::cargo_bin("ppl").unwrap();
+    c.env("PPL_STATE_DIR", std::env::temp_dir().join("ppl-test-state"));
+    c
 }
 
 /// Runs `ppl eval --model M --data wikitext <args> --output tmp.json` once per argument list,
