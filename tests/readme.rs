@@ -520,10 +520,17 @@ fn readme_examples_run_as_documented() {
             }
         }
     }
-    eprintln!(
-        "README examples: {ran} run, {} skipped:\n  {}",
+    let summary = format!(
+        "README examples: {ran} run, {} failed, {} skipped:\n  {}\n",
+        failures.len(),
         skipped.len(),
         skipped.join("\n  ")
+    );
+    eprint!("{summary}");
+    // CI prints it after the suite (a passing test's output is not shown).
+    let _ = std::fs::write(
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join("readme-examples.txt"),
+        &summary,
     );
     assert!(
         failures.is_empty(),
