@@ -338,10 +338,7 @@ impl<'a> StageRunner<'a> {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .get_or_insert(e);
-            ModelError::Invalid {
-                path: Default::default(),
-                detail: msg,
-            }
+            ModelError::Run(msg)
         };
         let d = self.model.config.hidden_size;
         let reduce = |x: Tensor| -> Result<Tensor, ModelError> {

@@ -74,10 +74,9 @@ pub fn scored_rows(hidden: &Tensor, batch: &[Window]) -> Result<(Tensor, Vec<u32
 
 fn check_targets(targets: &[u32], vocab: usize) -> Result<(), ModelError> {
     match targets.iter().find(|&&t| t as usize >= vocab) {
-        Some(t) => Err(ModelError::Invalid {
-            path: Default::default(),
-            detail: format!("token id {t} is outside the model's vocabulary ({vocab})"),
-        }),
+        Some(t) => Err(ModelError::Run(format!(
+            "token id {t} is outside the model's vocabulary ({vocab})"
+        ))),
         None => Ok(()),
     }
 }

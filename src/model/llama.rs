@@ -273,9 +273,9 @@ impl Linear {
         match kernels::own_matrix(dtype, bytes, n, k) {
             None => Ok(None),
             Some(Ok(m)) => Ok(Some(Linear::Own(m))),
-            Some(Err(detail)) => Err(ModelError::Invalid {
-                path: Default::default(),
-                detail: format!("tensor '{name}' has {detail}"),
+            Some(Err(detail)) => Err(ModelError::Tensor {
+                name: name.to_string(),
+                detail: format!("has {detail}"),
             }),
         }
     }
@@ -294,9 +294,9 @@ impl Linear {
         let name = site.name;
         // Quantized on the host (the schemes are CPU code), then placed on `device`.
         let w = qtensor(raw, name, &Device::Cpu)?.dequantize(&Device::Cpu)?;
-        let err = |e: candle_core::Error| ModelError::Invalid {
-            path: Default::default(),
-            detail: format!("cannot quantize '{name}' to {}: {e}", q.scheme),
+        let err = |e: candle_core::Error| ModelError::Tensor {
+            name: name.to_string(),
+            detail: format!("cannot quantize it to {}: {e}", q.scheme),
         };
         match quantize::quantize(q, &w, site).map_err(err)? {
             Quantized::Dense(t) => Ok(Linear::Candle(QMatMul::Tensor(
@@ -416,9 +416,9 @@ fn own_kernels(precision: Precision, kernels: Kernels) -> bool {
 
 /// Candle storage for stored bytes, on `device`.
 fn qtensor(raw: &RawTensor<'_>, name: &str, device: &Device) -> Result<QTensor> {
-    let err = |e: candle_core::Error| ModelError::Invalid {
-        path: Default::default(),
-        detail: format!("tensor '{name}': {e}"),
+    let err = |e: candle_core::Error| ModelError::Tensor {
+        name: name.to_string(),
+        detail: e.to_string(),
     };
     let storage =
         QStorage::from_data(Cow::Borrowed(&raw.bytes[..]), device, raw.dtype).map_err(err)?;
@@ -999,9 +999,9 @@ impl Llama {
             // Quantized at load (`--quantize` with embeddings/output): from the f32 values.
             let requantized = |q: &Quantize| -> Result<EmbeddingTable> {
                 let w = embd.dequantize(&Device::Cpu)?;
-                match quantize::quantize(q, &w, &embd_site).map_err(|e| ModelError::Invalid {
-                    path: Default::default(),
-                    detail: format!("cannot quantize 'token_embd.weight' to {}: {e}", q.scheme),
+                match quantize::quantize(q, &w, &embd_site).map_err(|e| ModelError::Tensor {
+                    name: "token_embd.weight".into(),
+                    detail: format!("cannot quantize it to {}: {e}", q.scheme),
                 })? {
                     Quantized::Dense(t) => Ok(EmbeddingTable::Dense(
                         t.to_dtype(precision.dtype())?.to_device(device)?,
@@ -1297,13 +1297,10 @@ impl Llama {
     }
 
     fn not_held(&self, what: &str) -> ModelError {
-        ModelError::Invalid {
-            path: Default::default(),
-            detail: format!(
-                "{what} is not held by this rank (partition {:?})",
-                self.partition
-            ),
-        }
+        ModelError::Run(format!(
+            "{what} is not held by this rank (partition {:?})",
+            self.partition
+        ))
     }
 
     /// Final (normalised) hidden states `[batch, seq, hidden]` for token ids `[batch, seq]`

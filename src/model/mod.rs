@@ -83,6 +83,14 @@ pub enum ModelError {
         path: std::path::PathBuf,
         detail: String,
     },
+    /// A tensor that cannot be used as it is stored (the file is named by the caller, which
+    /// knows it).
+    #[error("tensor '{name}': {detail}")]
+    Tensor { name: String, detail: String },
+    /// A state of the run that no file caused (a rank asked for what it does not hold, a
+    /// peer's data of the wrong size, a token outside the vocabulary).
+    #[error("{0}")]
+    Run(String),
     #[error("tensor computation failed: {0}")]
     Candle(Box<candle_core::Error>),
 }

@@ -332,14 +332,11 @@ impl LayerShard {
     pub fn unpack(&self, all: Vec<Vec<u8>>) -> Result<Vec<RawTensor<'static>>> {
         let bytes: Vec<u8> = all.concat();
         if bytes.len() != self.total {
-            return Err(ModelError::Invalid {
-                path: Default::default(),
-                detail: format!(
-                    "FSDP gather returned {} bytes for a layer of {}",
-                    bytes.len(),
-                    self.total
-                ),
-            });
+            return Err(ModelError::Run(format!(
+                "FSDP gather returned {} bytes for a layer of {}",
+                bytes.len(),
+                self.total
+            )));
         }
         let mut out = Vec::with_capacity(self.entries.len());
         let mut pos = 0;
