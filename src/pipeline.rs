@@ -236,6 +236,8 @@ pub struct RunOptions {
     /// The resolved configuration as a config file, saved in the run directory so that
     /// `--resume DIR` alone can restart the run.
     pub config_yaml: Option<String>,
+    /// `--oversubscribe`: allow more local ranks than [`crate::preflight::local_rank_limit`].
+    pub oversubscribe: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -400,7 +402,6 @@ pub struct RankSetup {
     pub(crate) prepared: Prepared,
     tokenize_s: f64,
     seed: u64,
-    run_dir: PathBuf,
     started: Instant,
 }
 
@@ -491,23 +492,6 @@ pub fn setup_rank(
                 })?,
         );
 
-    // Rank 0 names the run directory; every rank uses its choice.
-    let run_dir = if comm.rank() == 0 {
-        cfg.run_dir.clone().unwrap_or_else(default_run_dir)
-    } else {
-        PathBuf::new()
-    };
-    let run_dir = PathBuf::from(
-        String::from_utf8_lossy(&comm.broadcast(0, run_dir.display().to_string().into_bytes())?)
-            .into_owned(),
-    );
-    // A rank that aborts the job from here on says how to go on from what is finished.
-    let shown = std::path::absolute(&run_dir).unwrap_or_else(|_| run_dir.clone());
-    crate::dist::set_abort_note(format!(
-        "the windows finished so far are kept in {0}: resume with `ppl eval --resume {0}` \
-         (under mpirun or `ppl launch` as before, on any number of ranks)",
-        shown.display()
-    ));
 
     let t_tok = Instant::now();
     let cfg_here = EvalConfig {
@@ -539,9 +523,18 @@ pub fn setup_rank(
         prepared,
         tokenize_s,
         seed,
-        run_dir,
         started,
     })
+}
+
+/// Tells every rank's abort path how to go on from the windows finished in `run_dir`.
+fn note_run_dir(run_dir: &Path) {
+    let shown = std::path::absolute(run_dir).unwrap_or_else(|_| run_dir.to_path_buf());
+    crate::dist::set_abort_note(format!(
+        "the windows finished so far are kept in {0}: resume with `ppl eval --resume {0}` \
+         (under mpirun or `ppl launch` as before, on any number of ranks)",
+        shown.display()
+    ));
 }
 
 /// A fresh directory under `runs/`, named by the UTC time (a counter added if taken).
@@ -581,6 +574,8 @@ fn default_run_dir() -> PathBuf {
 /// ledgers already hold.
 #[derive(serde::Serialize, serde::Deserialize)]
 struct ResumePlan {
+    /// The run directory rank 0 chose (and created, now that the start-up checks passed).
+    run_dir: PathBuf,
     attempt: usize,
     done: Vec<usize>,
 }
@@ -592,9 +587,17 @@ fn plan_resume(
     binding: &ledger::Binding,
     opts: &RunOptions,
 ) -> Result<(ResumePlan, Vec<crate::eval::WindowResult>, Vec<String>), EvalError> {
-    let dir = &setup.run_dir;
+    // Named (and, by default, created) only here: a run that fails its start-up checks
+    // leaves no empty run directory behind.
+    let dir = &cfg.run_dir.clone().unwrap_or_else(default_run_dir);
     let (done, notes) = if cfg.resume {
-        ledger::load(dir, binding)?
+        let (done, notes) = ledger::load(dir, binding)?;
+        let plan = &setup.prepared.plan;
+        for r in &done {
+            let expected = plan.windows.get(r.index).map_or(0, |w| w.targets.len());
+            ledger::check_record(dir, r, expected)?;
+        }
+        (done, notes)
     } else {
         (Vec::new(), Vec::new())
     };
@@ -616,6 +619,7 @@ fn plan_resume(
     }
     Ok((
         ResumePlan {
+            run_dir: dir.clone(),
             attempt: ledger::next_attempt(dir),
             done: done.iter().map(|r| r.index).collect(),
         },
@@ -667,6 +671,7 @@ pub fn run_rank(
         })?;
         (p, Vec::new(), Vec::new())
     };
+    note_run_dir(&resume_plan.run_dir);
     let done_set: std::collections::HashSet<usize> = resume_plan.done.iter().copied().collect();
     let todo: Vec<usize> = (0..plan.windows.len())
         .filter(|i| !done_set.contains(i))
@@ -682,7 +687,7 @@ pub fn run_rank(
     };
     let new_ledger = || -> Result<ledger::LedgerWriter, EvalError> {
         ledger::LedgerWriter::create(
-            &setup.run_dir,
+            &resume_plan.run_dir,
             comm.rank(),
             resume_plan.attempt,
             binding.clone(),
@@ -899,7 +904,7 @@ pub fn run_rank(
         ranks: gathered.ranks,
         mesh: mesh_info,
         run: Some(RunInfo {
-            dir: setup.run_dir.display().to_string(),
+            dir: resume_plan.run_dir.display().to_string(),
             attempt: resume_plan.attempt,
             resumed: cfg.resume,
             windows_from_ledger: from_ledger,
@@ -911,6 +916,9 @@ pub fn run_rank(
             DeviceSpec::Cuda(None) if comm.size() > 1 => "cuda (a GPU per local rank)".into(),
             _ => device::device_name(model.device()),
         })),
+        warnings: crate::report::plausibility(mean_nll.exp(), mc.vocab_size)
+            .into_iter()
+            .collect(),
     }))
 }
 
@@ -1197,6 +1205,7 @@ fn plan_memory(
 /// scores its share on `threads / ranks` threads of its own pool.
 pub fn evaluate(cfg: &EvalConfig, opts: &RunOptions) -> Result<Results, EvalError> {
     let n = cfg.ranks.max(1);
+    check_before_ranks(cfg, n, opts)?;
     let comms = local::world(n);
     let per_rank = threads_per_rank(cfg.threads, n);
     let data_for = |rank: usize| match &opts.rank_data {
@@ -1334,6 +1343,18 @@ pub fn evaluate(cfg: &EvalConfig, opts: &RunOptions) -> Result<Results, EvalErro
     outcomes
         .swap_remove(0)
         .ok_or_else(|| EvalError::Config("rank 0 returned no results".into()))
+}
+
+/// Checks made once, before any rank exists: the model against the configuration and the
+/// mesh (so `--pp 1000` is refused by the model's layer count, not after building 1000
+/// ranks), then the number of local ranks against the machine.
+fn check_before_ranks(cfg: &EvalConfig, n: usize, opts: &RunOptions) -> Result<(), EvalError> {
+    let gguf = GgufFile::open(&cfg.model)?;
+    let mc = LlamaConfig::from_gguf(&gguf)?;
+    check_config(cfg, &mc)?;
+    let dims = cfg.dims(n)?;
+    check_mesh(&dims, &gguf, &mc, cfg.quantize.as_ref())?;
+    crate::preflight::check_local_ranks(n, opts.oversubscribe).map_err(EvalError::Config)
 }
 
 /// A rank thread's result; a panic becomes an error naming the rank instead of tearing down
