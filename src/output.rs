@@ -100,7 +100,11 @@ pub fn check(path: &Path, flag: &str, inputs: &[(&str, &Path)]) -> Result<Target
                 return Ok(Target::Direct(resolved));
             }
         }
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+        // ENOTDIR: a parent is a file; named below, with the parent checks.
+        Err(e)
+            if e.kind() != std::io::ErrorKind::NotFound
+                && e.raw_os_error() != Some(libc::ENOTDIR) =>
+        {
             return Err(format!("{flag} {shown}: {e}"));
         }
         Err(_) if special => {

@@ -298,7 +298,7 @@ fn messages_name_the_real_problem_and_fix() {
     assert!(!o.stderr.contains("parallel.cp"), "{}", o.stderr);
     std::fs::write(&cfg, "evalution: {seed: 1}\n").unwrap();
     let o = util::ppl(&["config", "show", "--config", cfg.to_str().unwrap()], 10);
-    o.refused(&["did you mean the section 'evaluation'?"]);
+    o.refused(&["did you mean 'evaluation.seed'?"]);
     // --model /dev/zero: a device, not "truncated (0 bytes)".
     let o = util::ppl(&["eval", "-m", "/dev/zero", "-f", t], 10);
     o.refused(&["/dev/zero is a character device", "--model takes a GGUF file"]);

@@ -260,18 +260,16 @@ fn suggestion(key: &str) -> String {
         .collect();
     sections.dedup();
     if !sections.contains(&section) {
+        // A misspelt section ('evalution') still gets the closest whole key below.
         let close = sections
             .iter()
-            .map(|s| (distance(section, s), *s))
-            .min()
-            .filter(|(d, _)| *d <= 2 && *d < section.len());
-        return match close {
-            Some((_, s)) => format!("; did you mean the section '{s}'?"),
-            None => format!(
+            .any(|s| distance(section, s) <= 2 && section.len() > 2);
+        if !close {
+            return format!(
                 "; '{section}' is not a section: the top level holds {}",
                 sections.join(", ")
-            ),
-        };
+            );
+        }
     }
     let best = SCHEMA
         .iter()

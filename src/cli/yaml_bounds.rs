@@ -92,8 +92,11 @@ mod tests {
 
     #[test]
     fn deep_nesting_is_refused_and_bad_syntax_left_to_the_loader() {
-        let deep = "[".repeat(10_000) + &"]".repeat(10_000);
-        assert!(check(&deep).unwrap_err().contains("nested more than"));
+        // Flow style (the scanner itself stops at 255 levels) and block style (no limit).
+        let flow = "[".repeat(100) + &"]".repeat(100);
+        assert!(check(&flow).unwrap_err().contains("nested more than"));
+        let block = format!("data:\n  {}x\n", "- ".repeat(5000));
+        assert!(check(&block).unwrap_err().contains("nested more than"));
         assert_eq!(check("a: [unclosed"), Ok(()));
     }
 }

@@ -16,6 +16,7 @@
 //! | `config` | the resolved configuration |
 //! | `model`, `data` | paths, SHA-256 fingerprints, sizes, architecture, tokenizer |
 //! | `timings` | seconds for load, tokenize, eval, total; tokens/s |
+//! | `warnings` | why the PPL cannot be a real model's (far above the vocabulary size, exactly 1, not finite); absent when plausible |
 //! | `system` | threads, CPU features, peak RSS bytes, `kernels` (instruction-set level used, advertised, cap) |
 //! | `world` | backend, size (ranks), schedule |
 //! | `ranks[]` | per rank: host, windows, tokens, compute/comm/idle seconds, tokens/s, peak RSS |
