@@ -221,7 +221,10 @@ mod tests {
             Ok(Target::Direct("/dev/null".into()))
         );
         let e = check(dir.path(), "--output", &[]).unwrap_err();
-        assert!(e.contains("is a directory") && e.contains("results.json"), "{e}");
+        assert!(
+            e.contains("is a directory") && e.contains("results.json"),
+            "{e}"
+        );
         let input = dir.path().join("text.txt");
         std::fs::write(&input, "x").unwrap();
         let e = check(&input, "--output", &[("--data", &input)]).unwrap_err();

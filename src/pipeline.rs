@@ -492,7 +492,6 @@ pub fn setup_rank(
                 })?,
         );
 
-
     let t_tok = Instant::now();
     let cfg_here = EvalConfig {
         data: data_path.to_path_buf(),

@@ -117,10 +117,17 @@ fn an_implausible_perplexity_is_flagged_in_the_summary_and_the_results() {
     assert!(r.ppl > 100.0 * r.model.vocab_size as f64, "PPL {}", r.ppl);
     // A sane run carries no warning (the field is absent from its JSON).
     let sane = dir.path().join("sane.json");
-    let o = eval(&common::model(), &text, &["--output", sane.to_str().unwrap()], 60);
+    let o = eval(
+        &common::model(),
+        &text,
+        &["--output", sane.to_str().unwrap()],
+        60,
+    );
     assert_eq!(o.code, Some(0), "{}", o.stderr);
     assert!(!o.stdout.contains("WARNING"));
-    assert!(!std::fs::read_to_string(&sane).unwrap().contains("\"warnings\""));
+    assert!(!std::fs::read_to_string(&sane)
+        .unwrap()
+        .contains("\"warnings\""));
     // The bounds themselves.
     assert!(ppl::report::plausibility(1.0, 49152).is_some());
     assert!(ppl::report::plausibility(f64::INFINITY, 49152).is_some());
@@ -201,7 +208,10 @@ fn a_symlinked_output_is_followed_not_replaced() {
         .is_symlink());
     let r = ppl::report::load(&real).unwrap();
     assert_eq!(r.tokens, 31);
-    assert_eq!(util::entries(dir.path()), ["link.json", "real.json", "text.txt"]);
+    assert_eq!(
+        util::entries(dir.path()),
+        ["link.json", "real.json", "text.txt"]
+    );
 }
 
 #[test]
@@ -217,15 +227,15 @@ fn bad_output_paths_are_refused_before_the_evaluation() {
             vec!["--output", &as_dir],
             vec!["--output", "is a directory", "results.json"],
         ),
-        (vec!["--report", &as_dir], vec!["--report", "is a directory"]),
+        (
+            vec!["--report", &as_dir],
+            vec!["--report", "is a directory"],
+        ),
         (
             vec!["--output", &text_s],
             vec!["is the file given to --data", "choose another output path"],
         ),
-        (
-            vec!["--output", &under_file],
-            vec!["is not a directory"],
-        ),
+        (vec!["--output", &under_file], vec!["is not a directory"]),
         (
             vec!["--output", "/proc/ppl-nothing/r.json"],
             vec!["no files under /dev or /proc"],
@@ -261,7 +271,11 @@ fn zero_layers_or_context_name_the_metadata_not_a_flag() {
         &no_layers,
         &text,
         &[],
-        &["llama.block_count is 0", "metadata is broken", "re-download"],
+        &[
+            "llama.block_count is 0",
+            "metadata is broken",
+            "re-download",
+        ],
     );
     assert!(!o.stderr.contains("--pp 0"), "{}", o.stderr);
     let no_ctx = model_copy(dir.path(), "ctx0.gguf", |b| {
@@ -286,7 +300,11 @@ fn messages_name_the_real_problem_and_fix() {
     for flag in ["--ctx", "--chunks", "--batch-size", "--threads"] {
         let o = util::ppl(&["eval", "-m", m, "-f", t, flag, "-5"], 10);
         assert_eq!(o.code, Some(2), "{}", o.stderr);
-        assert!(o.stderr.contains(flag) && o.stderr.contains("negative"), "{}", o.stderr);
+        assert!(
+            o.stderr.contains(flag) && o.stderr.contains("negative"),
+            "{}",
+            o.stderr
+        );
         assert!(!o.stderr.contains("unexpected argument"), "{}", o.stderr);
     }
     // An unknown top-level key is named as an unknown section (it was "did you mean
@@ -294,14 +312,21 @@ fn messages_name_the_real_problem_and_fix() {
     let cfg = dir.path().join("c.yaml");
     std::fs::write(&cfg, "foo: 1\n").unwrap();
     let o = util::ppl(&["config", "show", "--config", cfg.to_str().unwrap()], 10);
-    o.refused(&["unknown key 'foo'", "not a section", "model, data, parallel"]);
+    o.refused(&[
+        "unknown key 'foo'",
+        "not a section",
+        "model, data, parallel",
+    ]);
     assert!(!o.stderr.contains("parallel.cp"), "{}", o.stderr);
     std::fs::write(&cfg, "evalution: {seed: 1}\n").unwrap();
     let o = util::ppl(&["config", "show", "--config", cfg.to_str().unwrap()], 10);
     o.refused(&["did you mean 'evaluation.seed'?"]);
     // --model /dev/zero: a device, not "truncated (0 bytes)".
     let o = util::ppl(&["eval", "-m", "/dev/zero", "-f", t], 10);
-    o.refused(&["/dev/zero is a character device", "--model takes a GGUF file"]);
+    o.refused(&[
+        "/dev/zero is a character device",
+        "--model takes a GGUF file",
+    ]);
     // --resume on a missing directory.
     let missing = dir.path().join("no-such-run");
     let o = util::ppl(&["eval", "--resume", missing.to_str().unwrap()], 10);
@@ -313,7 +338,15 @@ fn messages_name_the_real_problem_and_fix() {
     std::fs::write(empty_dir.join("a.txt"), "").unwrap();
     std::fs::write(empty_dir.join("b.txt"), "  \n").unwrap();
     let o = util::ppl(
-        &["eval", "-m", m, "-f", empty_dir.to_str().unwrap(), "--ctx", "64"],
+        &[
+            "eval",
+            "-m",
+            m,
+            "-f",
+            empty_dir.to_str().unwrap(),
+            "--ctx",
+            "64",
+        ],
         30,
     );
     o.refused(&["holds no text to evaluate", "2 visible file(s)"]);
@@ -325,7 +358,10 @@ fn messages_name_the_real_problem_and_fix() {
     o.refused(&["standard input (--data -) is empty"]);
     assert!(!o.stderr.contains("ppl-stdin"), "{}", o.stderr);
     // An OS error is printed once.
-    let o = util::ppl(&["tokenize", "-m", m, "--file", dir.path().to_str().unwrap()], 10);
+    let o = util::ppl(
+        &["tokenize", "-m", m, "--file", dir.path().to_str().unwrap()],
+        10,
+    );
     o.refused(&["os error 21"]);
     assert_eq!(o.stderr.matches("os error 21").count(), 1, "{}", o.stderr);
     let o = util::ppl(&["eval", "-m", "/nonexistent.gguf", "-f", t], 10);
@@ -340,7 +376,11 @@ fn warnings_carry_no_colour_when_stderr_is_not_a_terminal() {
     // A thread count far above the cores: capped, with a warning (stderr is a file here).
     let o = eval(&common::model(), &text, &["--threads", "100000"], 60);
     assert_eq!(o.code, Some(0), "{}", o.stderr);
-    assert!(o.stderr.contains("--threads 100000 is more than"), "{}", o.stderr);
+    assert!(
+        o.stderr.contains("--threads 100000 is more than"),
+        "{}",
+        o.stderr
+    );
     assert!(!o.stderr.contains('\x1b'), "ANSI codes in {:?}", o.stderr);
     assert!(o.stdout.contains("Final estimate"));
 }

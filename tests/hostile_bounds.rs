@@ -65,12 +65,11 @@ fn yaml_alias_bombs_and_deep_nesting_are_refused_in_bounded_memory() {
     std::fs::write(&bomb, laughs(9)).unwrap();
     assert!(std::fs::metadata(&bomb).unwrap().len() < 500);
     let deep = dir.path().join("deep.yaml");
-    std::fs::write(
-        &deep,
-        format!("data:\n  {}x\n", "- ".repeat(100_000)),
-    )
-    .unwrap();
-    for (file, expected) in [(&bomb, "aliases expand to more than"), (&deep, "nested more than")] {
+    std::fs::write(&deep, format!("data:\n  {}x\n", "- ".repeat(100_000))).unwrap();
+    for (file, expected) in [
+        (&bomb, "aliases expand to more than"),
+        (&deep, "nested more than"),
+    ] {
         let f = file.to_str().unwrap();
         for args in [
             vec!["config", "show", "--config", f],
@@ -232,7 +231,8 @@ fn edit_ledgers(dir: &Path, edit: impl Fn(&mut serde_json::Value)) {
 fn impossible_ledger_records_are_refused_on_resume() {
     let dir = tempfile::tempdir().unwrap();
     let text = small_text(dir.path());
-    let edits: [(&str, fn(&mut serde_json::Value)); 3] = [
+    type Edit = fn(&mut serde_json::Value);
+    let edits: [(&str, Edit); 3] = [
         ("0 scored tokens", |v| v["acc"]["count"] = 0.into()),
         ("a negative NLL sum", |v| {
             v["acc"]["sum"] = "-100000000000000000000".into()
@@ -247,7 +247,15 @@ fn impossible_ledger_records_are_refused_on_resume() {
             .arg(common::model())
             .arg("--data")
             .arg(&text)
-            .args(["--ctx", "64", "--chunks", "2", "--progress", "none", "--run-dir"])
+            .args([
+                "--ctx",
+                "64",
+                "--chunks",
+                "2",
+                "--progress",
+                "none",
+                "--run-dir",
+            ])
             .arg(run.path());
         let o = util::run_bounded(cmd, None, Duration::from_secs(60));
         assert_eq!(o.code, Some(0), "{}", o.stderr);
@@ -277,9 +285,21 @@ fn failed_starts_leave_no_run_directory() {
     let short = cwd.path().join("short.txt");
     std::fs::write(&short, "Just a few words.").unwrap();
     for (data, args, expected) in [
-        (&text, vec!["--ctx", "100000"], "exceeds the model's context length"),
-        (&short, vec!["--ctx", "64"], "fewer than the 64 one window needs"),
-        (&text, vec!["--ctx", "64", "--ranks", "2", "--tp", "2"], "KV heads"),
+        (
+            &text,
+            vec!["--ctx", "100000"],
+            "exceeds the model's context length",
+        ),
+        (
+            &short,
+            vec!["--ctx", "64"],
+            "fewer than the 64 one window needs",
+        ),
+        (
+            &text,
+            vec!["--ctx", "64", "--ranks", "2", "--tp", "2"],
+            "KV heads",
+        ),
     ] {
         let mut cmd = Command::new(util::ppl_bin());
         cmd.current_dir(cwd.path())
@@ -323,7 +343,11 @@ fn the_stdin_spool_is_removed_after_success_error_and_ctrl_c() {
             .args(extra);
         c
     };
-    let o = util::run_bounded(cmd(&["--chunks", "1"]), Some(&text[..20_000]), Duration::from_secs(60));
+    let o = util::run_bounded(
+        cmd(&["--chunks", "1"]),
+        Some(&text[..20_000]),
+        Duration::from_secs(60),
+    );
     assert_eq!(o.code, Some(0), "{}", o.stderr);
     assert!(spools(tmp.path()).is_empty(), "after success");
     let o = util::run_bounded(cmd(&[]), Some(b"Too short."), Duration::from_secs(60));
@@ -337,6 +361,8 @@ fn the_stdin_spool_is_removed_after_success_error_and_ctrl_c() {
     c.stdin(std::fs::File::open(&input).unwrap())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null());
+    // Reaped by `wait4` in `wait_with_limit`, which `Child` cannot see.
+    #[allow(clippy::zombie_processes)]
     let child = c.spawn().unwrap();
     let pid = child.id() as libc::pid_t;
     let started = std::time::Instant::now();

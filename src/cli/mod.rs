@@ -5,11 +5,11 @@
 mod bench;
 mod checks;
 pub mod config;
-pub mod yaml_bounds;
 pub mod inspect;
 mod launch;
 mod synth;
 mod validate;
+pub mod yaml_bounds;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -785,8 +785,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Eval(args) => {
             let mut resolved = args.resolve()?;
-            let outputs =
-                checks::EvalOutputs::plan(&resolved, args.config.as_deref(), args.expect.as_deref())?;
+            let outputs = checks::EvalOutputs::plan(
+                &resolved,
+                args.config.as_deref(),
+                args.expect.as_deref(),
+            )?;
             let _spool = checks::stdin_to_file(&mut resolved.eval, args.backend())?;
             let cfg = &resolved.eval;
             let mut opts = args.run_options()?;
@@ -835,7 +838,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 .as_ref()
                 .map(|o| {
                     let e = &resolved.eval;
-                    crate::output::check(o, "--output", &[("--model", &e.model), ("--data", &e.data)])
+                    crate::output::check(
+                        o,
+                        "--output",
+                        &[("--model", &e.model), ("--data", &e.data)],
+                    )
                 })
                 .transpose()
                 .map_err(anyhow::Error::msg)?;
@@ -970,8 +977,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Report(args) => {
-            let inputs: Vec<(&str, &std::path::Path)> =
-                args.results.iter().map(|p| ("the results", p.as_path())).collect();
+            let inputs: Vec<(&str, &std::path::Path)> = args
+                .results
+                .iter()
+                .map(|p| ("the results", p.as_path()))
+                .collect();
             let target = match (&args.output, args.format) {
                 (Some(o), _) => Some(o.clone()),
                 (None, Format::Html) => Some(args.results[0].with_extension("html")),

@@ -73,11 +73,13 @@ pub fn first_non_finite(dtype: GgmlDType, bytes: &[u8]) -> Option<String> {
         GgmlDType::F16 => (0..bytes.len() / 2)
             .find(|&i| half_bad(bytes, 2 * i))
             .map(|i| format!("element {i} is {}", describe(value(bytes, 2 * i, 2)))),
-        GgmlDType::BF16 => (0..bytes.len() / 2).find(|&i| bf16_bad(bytes, 2 * i)).map(|i| {
-            let bits = u16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]]);
-            let nan = bits & 0x007f != 0;
-            format!("element {i} is {}", if nan { "NaN" } else { "infinite" })
-        }),
+        GgmlDType::BF16 => (0..bytes.len() / 2)
+            .find(|&i| bf16_bad(bytes, 2 * i))
+            .map(|i| {
+                let bits = u16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]]);
+                let nan = bits & 0x007f != 0;
+                format!("element {i} is {}", if nan { "NaN" } else { "infinite" })
+            }),
         other => {
             let fields = scale_fields(other);
             let block = other.type_size();

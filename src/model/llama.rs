@@ -186,7 +186,10 @@ impl LlamaConfig {
         // Zeros here would surface later as advice to use "--pp 0" or "--ctx 0": the file's
         // metadata is what is wrong, and no flag can fix it.
         let context_length = get("context_length")?;
-        for (what, value) in [("block_count", n_layers), ("context_length", context_length)] {
+        for (what, value) in [
+            ("block_count", n_layers),
+            ("context_length", context_length),
+        ] {
             if value == 0 {
                 return Err(invalid(format!(
                     "{arch}.{what} is 0, which no model has: the file's metadata is broken; re-download or re-convert the model"

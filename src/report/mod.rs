@@ -95,8 +95,7 @@ pub fn load(path: &Path) -> Result<Results, String> {
             ))
         }
     }
-    serde_json::from_value(version)
-        .map_err(|e| format!("{shown} is not a ppl results file: {e}"))
+    serde_json::from_value(version).map_err(|e| format!("{shown} is not a ppl results file: {e}"))
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

@@ -140,9 +140,9 @@ fn pieces(text: &str, target: usize) -> impl Iterator<Item = &str> {
         let from = start.saturating_add(target).max(start + 2);
         let cut = (from..bytes.len())
             .find(|&i| {
-                let space_word = bytes[i] == b' ' && bytes.get(i + 1).is_some_and(u8::is_ascii_alphabetic);
-                (bytes[i - 1] == b'\n'
-                    && ((solid(bytes[i - 2]) && solid(bytes[i])) || space_word))
+                let space_word =
+                    bytes[i] == b' ' && bytes.get(i + 1).is_some_and(u8::is_ascii_alphabetic);
+                (bytes[i - 1] == b'\n' && ((solid(bytes[i - 2]) && solid(bytes[i])) || space_word))
                     || (space_word && bytes[i - 1].is_ascii_alphabetic())
             })
             .unwrap_or(bytes.len());

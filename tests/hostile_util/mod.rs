@@ -61,10 +61,13 @@ pub fn run_bounded(mut cmd: Command, stdin: Option<&[u8]>, limit: Duration) -> O
         }
     }
     let started = Instant::now();
+    // Reaped by `wait4` in `wait_with_limit` (for its rusage), which `Child` cannot see.
+    #[allow(clippy::zombie_processes)]
     let child = cmd.spawn().expect("ppl starts");
     let pid = child.id() as libc::pid_t;
     let (status, rusage, timed_out) = wait_with_limit(pid, started, limit);
-    let read = |p: &Path| String::from_utf8_lossy(&std::fs::read(p).unwrap_or_default()).into_owned();
+    let read =
+        |p: &Path| String::from_utf8_lossy(&std::fs::read(p).unwrap_or_default()).into_owned();
     Outcome {
         code: libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status)),
         signal: libc::WIFSIGNALED(status).then(|| libc::WTERMSIG(status)),
