@@ -23,6 +23,25 @@ fn too_many_local_ranks_are_refused_before_any_rank_exists() {
     assert!(o.elapsed.as_secs() < 10, "{:?}", o.elapsed);
     // It took 23.7 GB before the OOM killer; now only the model's header is read.
     assert!(o.max_rss < 400 * MIB, "peak RSS {} MiB", o.max_rss / MIB);
+
+    // `ppl compare` builds its local ranks the same way.
+    let m = common::model();
+    let o = util::ppl(
+        &[
+            "compare",
+            "--base",
+            m.to_str().unwrap(),
+            "--model",
+            m.to_str().unwrap(),
+            "--data",
+            text.to_str().unwrap(),
+            "--ranks",
+            "1000",
+        ],
+        20,
+    );
+    o.refused(&["1000 local ranks", "--oversubscribe"]);
+    assert!(o.max_rss < 400 * MIB, "peak RSS {} MiB", o.max_rss / MIB);
 }
 
 #[test]

@@ -124,10 +124,11 @@ impl EvalOutputs {
             None => None,
             Some(p) => {
                 let path = p.clone().unwrap_or_else(|| {
-                    resolved.output.as_ref().map_or_else(
-                        || PathBuf::from("report.html"),
-                        |o| o.with_extension("html"),
-                    )
+                    // Beside the results file; with none (or `-o -`), report.html here.
+                    match &resolved.output {
+                        Some(o) if o.as_os_str() != "-" => o.with_extension("html"),
+                        _ => PathBuf::from("report.html"),
+                    }
                 });
                 Some(output::check(&path, "--report", &inputs).map_err(anyhow::Error::msg)?)
             }

@@ -869,6 +869,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             };
             let r = match args.eval.backend() {
                 Backend::Local => {
+                    crate::preflight::check_local_ranks(cfg.ranks, args.eval.oversubscribe)
+                        .map_err(anyhow::Error::msg)?;
                     configure_threads(pipeline::threads_per_rank(cfg.threads, cfg.ranks));
                     crate::compare::compare(cfg, &opts)?
                 }
