@@ -90,6 +90,41 @@ mod tests {
         );
     }
 
+    /// Values of a loaded document (collections one plus their contents, keys included).
+    fn loaded_size(y: &yaml_rust2::Yaml) -> u64 {
+        use yaml_rust2::Yaml;
+        1 + match y {
+            Yaml::Array(v) => v.iter().map(loaded_size).sum(),
+            Yaml::Hash(h) => h.iter().map(|(k, v)| loaded_size(k) + loaded_size(v)).sum(),
+            _ => 0,
+        }
+    }
+
+    #[test]
+    fn the_fuzz_seeds_are_refused_or_really_small() {
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds/config_aliases");
+        let mut seen = 0;
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let path = e.unwrap().path();
+            let text = std::fs::read_to_string(&path).unwrap();
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            match check(&text) {
+                Err(e) => assert!(
+                    name.starts_with("laughs-9") || name.starts_with("deep"),
+                    "{name}: {e}"
+                ),
+                Ok(()) => {
+                    let docs = yaml_rust2::YamlLoader::load_from_str(&text).unwrap();
+                    let n: u64 = docs.iter().map(loaded_size).sum();
+                    assert!(n <= MAX_NODES, "{name}: {n} values");
+                }
+            }
+            seen += 1;
+        }
+        assert!(seen >= 5);
+    }
+
     #[test]
     fn deep_nesting_is_refused_and_bad_syntax_left_to_the_loader() {
         // Flow style (the scanner itself stops at 255 levels) and block style (no limit).
