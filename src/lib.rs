@@ -22,7 +22,9 @@ pub mod dist;
 pub mod eval;
 pub mod fingerprint;
 pub mod model;
+pub mod output;
 pub mod pipeline;
+pub mod preflight;
 pub mod report;
 pub mod tokenize;
 

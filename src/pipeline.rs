@@ -249,6 +249,8 @@ pub struct RunOptions {
     /// The resolved configuration as a config file, saved in the run directory so that
     /// `--resume DIR` alone can restart the run.
     pub config_yaml: Option<String>,
+    /// `--oversubscribe`: allow more local ranks than [`crate::preflight::local_rank_limit`].
+    pub oversubscribe: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -413,7 +415,6 @@ pub struct RankSetup {
     pub(crate) prepared: Prepared,
     tokenize_s: f64,
     seed: u64,
-    run_dir: PathBuf,
     started: Instant,
 }
 
@@ -502,35 +503,6 @@ pub fn setup_rank(
                 })?,
         );
 
-    // Rank 0 names the run directory; every rank uses its choice.
-    let run_dir = if comm.rank() == 0 {
-        match &cfg.run_dir {
-            Some(d) => d.clone(),
-            None => {
-                let root = crate::eval::runs::runs_root();
-                crate::eval::runs::claim_new(&root).map_err(|e| {
-                    EvalError::Config(format!(
-                        "cannot create a run directory under {}: {e}; give a writable --run-dir DIR (or set PPL_STATE_DIR)",
-                        root.display()
-                    ))
-                })?
-            }
-        }
-    } else {
-        PathBuf::new()
-    };
-    let run_dir = PathBuf::from(
-        String::from_utf8_lossy(&comm.broadcast(0, run_dir.display().to_string().into_bytes())?)
-            .into_owned(),
-    );
-    // A rank that aborts the job from here on says how to go on from what is finished.
-    let shown = std::path::absolute(&run_dir).unwrap_or_else(|_| run_dir.clone());
-    crate::dist::set_abort_note(format!(
-        "the windows finished so far are kept in {0}: resume with `ppl eval --resume {0}` \
-         (under mpirun or `ppl launch` as before, on any number of ranks)",
-        shown.display()
-    ));
-
     let t_tok = Instant::now();
     let cfg_here = EvalConfig {
         data: data_path.to_path_buf(),
@@ -561,15 +533,26 @@ pub fn setup_rank(
         prepared,
         tokenize_s,
         seed,
-        run_dir,
         started,
     })
+}
+
+/// Tells every rank's abort path how to go on from the windows finished in `run_dir`.
+fn note_run_dir(run_dir: &Path) {
+    let shown = std::path::absolute(run_dir).unwrap_or_else(|_| run_dir.to_path_buf());
+    crate::dist::set_abort_note(format!(
+        "the windows finished so far are kept in {0}: resume with `ppl eval --resume {0}` \
+         (under mpirun or `ppl launch` as before, on any number of ranks)",
+        shown.display()
+    ));
 }
 
 /// What rank 0 tells every rank before scoring: the ledger attempt number and the windows the
 /// ledgers already hold.
 #[derive(serde::Serialize, serde::Deserialize)]
 struct ResumePlan {
+    /// The run directory rank 0 chose (and created, now that the start-up checks passed).
+    run_dir: PathBuf,
     attempt: usize,
     done: Vec<usize>,
 }
@@ -581,9 +564,28 @@ fn plan_resume(
     binding: &ledger::Binding,
     opts: &RunOptions,
 ) -> Result<(ResumePlan, Vec<crate::eval::WindowResult>, Vec<String>), EvalError> {
-    let dir = &setup.run_dir;
+    // Named (and, by default, created) only here: a run that fails its start-up checks
+    // leaves no empty run directory behind.
+    let dir = &match &cfg.run_dir {
+        Some(d) => d.clone(),
+        None => {
+            let root = crate::eval::runs::runs_root();
+            crate::eval::runs::claim_new(&root).map_err(|e| {
+                EvalError::Config(format!(
+                    "cannot create a run directory under {}: {e}; give a writable --run-dir DIR (or set PPL_STATE_DIR)",
+                    root.display()
+                ))
+            })?
+        }
+    };
     let (done, notes) = if cfg.resume {
-        ledger::load(dir, binding)?
+        let (done, notes) = ledger::load(dir, binding)?;
+        let plan = &setup.prepared.plan;
+        for r in &done {
+            let expected = plan.windows.get(r.index).map_or(0, |w| w.targets.len());
+            ledger::check_record(dir, r, expected)?;
+        }
+        (done, notes)
     } else {
         (Vec::new(), Vec::new())
     };
@@ -612,6 +614,7 @@ fn plan_resume(
     }
     Ok((
         ResumePlan {
+            run_dir: dir.clone(),
             attempt: ledger::next_attempt(dir),
             done: done.iter().map(|r| r.index).collect(),
         },
@@ -663,6 +666,7 @@ pub fn run_rank(
         })?;
         (p, Vec::new(), Vec::new())
     };
+    note_run_dir(&resume_plan.run_dir);
     let done_set: std::collections::HashSet<usize> = resume_plan.done.iter().copied().collect();
     let todo: Vec<usize> = (0..plan.windows.len())
         .filter(|i| !done_set.contains(i))
@@ -678,7 +682,7 @@ pub fn run_rank(
     };
     let new_ledger = || -> Result<ledger::LedgerWriter, EvalError> {
         ledger::LedgerWriter::create(
-            &setup.run_dir,
+            &resume_plan.run_dir,
             comm.rank(),
             resume_plan.attempt,
             binding.clone(),
@@ -902,7 +906,7 @@ pub fn run_rank(
         ranks: gathered.ranks,
         mesh: mesh_info,
         run: Some(RunInfo {
-            dir: setup.run_dir.display().to_string(),
+            dir: resume_plan.run_dir.display().to_string(),
             attempt: resume_plan.attempt,
             resumed: cfg.resume,
             windows_from_ledger: from_ledger,
@@ -914,6 +918,9 @@ pub fn run_rank(
             DeviceSpec::Cuda(None) if comm.size() > 1 => "cuda (a GPU per local rank)".into(),
             _ => device::device_name(model.device()),
         })),
+        warnings: crate::report::plausibility(mean_nll.exp(), mc.vocab_size)
+            .into_iter()
+            .collect(),
     }))
 }
 
@@ -1173,6 +1180,7 @@ fn plan_memory(
 /// scores its share on `threads / ranks` threads of its own pool.
 pub fn evaluate(cfg: &EvalConfig, opts: &RunOptions) -> Result<Results, EvalError> {
     let n = cfg.ranks.max(1);
+    check_before_ranks(cfg, n, opts)?;
     let comms = local::world(n);
     let per_rank = threads_per_rank(cfg.threads, n);
     let data_for = |rank: usize| match &opts.rank_data {
@@ -1310,6 +1318,18 @@ pub fn evaluate(cfg: &EvalConfig, opts: &RunOptions) -> Result<Results, EvalErro
     outcomes
         .swap_remove(0)
         .ok_or_else(|| EvalError::Config("rank 0 returned no results".into()))
+}
+
+/// Checks made once, before any rank exists: the model against the configuration and the
+/// mesh (so `--pp 1000` is refused by the model's layer count, not after building 1000
+/// ranks), then the number of local ranks against the machine.
+fn check_before_ranks(cfg: &EvalConfig, n: usize, opts: &RunOptions) -> Result<(), EvalError> {
+    let gguf = GgufFile::open(&cfg.model)?;
+    let mc = LlamaConfig::from_gguf(&gguf)?;
+    check_config(cfg, &mc)?;
+    let dims = cfg.dims(n)?;
+    check_mesh(&dims, &gguf, &mc, cfg.quantize.as_ref())?;
+    crate::preflight::check_local_ranks(n, opts.oversubscribe).map_err(EvalError::Config)
 }
 
 /// A rank thread's result; a panic becomes an error naming the rank instead of tearing down

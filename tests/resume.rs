@@ -199,7 +199,7 @@ fn a_foreign_ledger_is_refused_with_what_differs() {
         .output()
         .unwrap();
     assert!(!st.status.success());
-    assert!(String::from_utf8_lossy(&st.stderr).contains("no config.yaml there"));
+    assert!(String::from_utf8_lossy(&st.stderr).contains("no such directory"));
 }
 
 #[test]

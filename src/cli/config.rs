@@ -248,7 +248,30 @@ fn distance(a: &str, b: &str) -> usize {
     prev[b.len()]
 }
 
+/// Largest configuration file read (a real one is well under a kilobyte).
+pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
 fn suggestion(key: &str) -> String {
+    // An unknown section is named as one: comparing it with whole keys would suggest an
+    // unrelated short leaf ('foo' → 'parallel.cp').
+    let section = key.split('.').next().unwrap_or(key);
+    let mut sections: Vec<&str> = SCHEMA
+        .iter()
+        .map(|(k, _)| k.split('.').next().unwrap_or(k))
+        .collect();
+    sections.dedup();
+    if !sections.contains(&section) {
+        // A misspelt section ('evalution') still gets the closest whole key below.
+        let close = sections
+            .iter()
+            .any(|s| distance(section, s) <= 2 && section.len() > 2);
+        if !close {
+            return format!(
+                "; '{section}' is not a section: the top level holds {}",
+                sections.join(", ")
+            );
+        }
+    }
     let best = SCHEMA
         .iter()
         .map(|(k, _)| {
@@ -438,6 +461,10 @@ impl Config {
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<Self, ConfigError> {
         let expanded = expand_env(text, origin, env)?;
+        super::yaml_bounds::check(&expanded).map_err(|detail| ConfigError::Syntax {
+            path: origin.to_string(),
+            detail: format!("refused: the YAML is {detail}"),
+        })?;
         let docs = YamlLoader::load_from_str(&expanded).map_err(|e| ConfigError::Syntax {
             path: origin.to_string(),
             detail: e.to_string(),
@@ -460,6 +487,10 @@ impl Config {
             let (k, v) = s
                 .split_once('=')
                 .ok_or_else(|| ConfigError::SetSyntax(s.clone()))?;
+            super::yaml_bounds::check(v).map_err(|detail| ConfigError::Syntax {
+                path: format!("--set {s}"),
+                detail: format!("refused: the value is {detail}"),
+            })?;
             let y = YamlLoader::load_from_str(v)
                 .ok()
                 .and_then(|d| d.into_iter().next())
@@ -474,10 +505,32 @@ impl Config {
 
     /// Reads and parses a config file.
     pub fn load(path: &Path, sets: &[String]) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        use std::io::Read;
+        let not_config = |detail: String| ConfigError::Syntax {
+            path: path.display().to_string(),
+            detail,
+        };
+        let read_err = |source| ConfigError::Read {
             path: path.to_path_buf(),
             source,
-        })?;
+        };
+        let meta = std::fs::metadata(path).map_err(read_err)?;
+        if !meta.is_file() {
+            let kind = crate::preflight::special_file_kind(path).unwrap_or("a directory");
+            return Err(not_config(format!(
+                "{kind}, not a configuration file; --config takes a YAML file (examples in configs/)"
+            )));
+        }
+        if meta.len() > MAX_CONFIG_BYTES {
+            return Err(not_config(format!(
+                "{} bytes, more than any configuration ({MAX_CONFIG_BYTES} at most); --config takes a YAML file (examples in configs/)",
+                meta.len()
+            )));
+        }
+        let mut text = String::new();
+        std::fs::File::open(path)
+            .and_then(|f| f.take(MAX_CONFIG_BYTES).read_to_string(&mut text))
+            .map_err(read_err)?;
         let mut c = Self::parse(&text, &path.display().to_string(), sets, &|v| {
             std::env::var(v).ok()
         })?;

@@ -3,12 +3,14 @@
 //! validated [`EvalConfig`] the pipeline runs.
 
 mod bench;
+mod checks;
 pub mod config;
 pub mod inspect;
 mod launch;
 mod runs;
 mod synth;
 mod validate;
+pub mod yaml_bounds;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -131,22 +133,22 @@ pub struct EvalArgs {
     #[arg(long, value_enum)]
     method: Option<Method>,
     /// Window length in tokens [default: 512].
-    #[arg(short, long)]
+    #[arg(short, long, allow_negative_numbers = true, value_parser = checks::whole::<usize>)]
     ctx: Option<usize>,
     /// Step between window starts for --method stride [default: ctx/2].
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = checks::whole::<usize>)]
     stride: Option<usize>,
     /// Score at most N windows (chunks, stride) or N documents (rolling).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = checks::whole::<usize>)]
     chunks: Option<usize>,
     /// Use only the first N tokens of the text (chunks, stride).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = checks::whole::<usize>)]
     max_tokens: Option<usize>,
     /// Windows per forward pass [default: 1].
-    #[arg(short, long)]
+    #[arg(short, long, allow_negative_numbers = true, value_parser = checks::whole::<usize>)]
     batch_size: Option<usize>,
     /// Compute threads [default: all cores].
-    #[arg(short, long)]
+    #[arg(short, long, allow_negative_numbers = true, value_parser = checks::whole::<usize>)]
     threads: Option<usize>,
     /// native: quantized weights as stored; f32: weights dequantized to f32 [default: native].
     #[arg(long, value_enum)]
@@ -160,10 +162,10 @@ pub struct EvalArgs {
     #[arg(long, value_enum, value_name = "BACKEND")]
     tp_backend: Option<TpBackend>,
     /// Seed of the bootstrap resampling; rank 0's value is used by every rank [default: 42].
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = checks::whole::<u64>)]
     seed: Option<u64>,
     /// Ranks of the local backend: threads sharing one copy of the weights [default: 1].
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = checks::whole::<usize>)]
     ranks: Option<usize>,
     /// Data-parallel replicas, each holding a whole copy of the model (or of its shards).
     #[arg(long, value_name = "N")]
@@ -187,7 +189,7 @@ pub struct EvalArgs {
     #[arg(long, value_enum, value_name = "TYPE")]
     quantize: Option<Scheme>,
     /// Values per int4 group along a row [default: 128].
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = checks::whole::<usize>)]
     group_size: Option<usize>,
     /// Weights --quantize leaves alone: embeddings, output, embeddings,output or none
     /// [default: embeddings].
@@ -206,7 +208,7 @@ pub struct EvalArgs {
     #[arg(long, value_name = "R=PATH", hide = true)]
     debug_rank_data: Option<String>,
     /// Bootstrap replicates for the 95% confidence interval [default: 1000].
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = checks::whole::<usize>)]
     bootstrap_samples: Option<usize>,
     /// Print llama.cpp-style running values [1]…,[2]… on stdout.
     #[arg(long)]
@@ -237,6 +239,10 @@ pub struct EvalArgs {
     /// No progress and no summary (the JSON file still gets written).
     #[arg(short, long)]
     quiet: bool,
+    /// Allow more local ranks than 4 per core (each rank keeps its own tokenizer, text and
+    /// windows).
+    #[arg(long)]
+    oversubscribe: bool,
 }
 
 /// Communication backends.
@@ -299,6 +305,7 @@ impl EvalArgs {
             print_chunks: self.print_chunks,
             rank_data,
             config_yaml: None,
+            oversubscribe: self.oversubscribe,
         })
     }
 
@@ -309,6 +316,13 @@ impl EvalArgs {
             .filter(|_| self.config.is_none() && self.model.is_none())
             .map(|d| d.join("config.yaml"));
         if let Some(p) = &saved {
+            let dir = p.parent().unwrap_or(p);
+            if !dir.is_dir() {
+                bail!(
+                    "--resume {}: no such directory; give the run directory of an earlier run (printed when it started, e.g. runs/20250101-120000), or start a new run without --resume",
+                    dir.display()
+                );
+            }
             if !p.is_file() {
                 bail!(
                     "--resume {}: no config.yaml there; give the run's flags again (--model, --data, …) with --resume, or check the directory",
@@ -432,7 +446,7 @@ impl EvalArgs {
         let ctx = self.ctx.or(uint("evaluation.max_seq_len")).unwrap_or(512);
         let threads = match self.threads.or(uint("evaluation.threads")) {
             Some(0) => bail!("--threads must be at least 1"),
-            Some(n) => n,
+            Some(n) => crate::preflight::cap_threads(n),
             None if self.backend() == Backend::Mpi => default_threads_under_mpi(),
             None => default_threads(),
         };
@@ -753,32 +767,6 @@ struct FetchArgs {
     cache_dir: Option<PathBuf>,
 }
 
-/// `--data -`: standard input is read once, here, into a file named by its content hash in
-/// the temporary directory, so that every local rank and a `--resume` read the same bytes.
-/// Under MPI only rank 0 would see the input: refused.
-fn stdin_to_file(cfg: &mut EvalConfig, backend: Backend) -> anyhow::Result<()> {
-    if cfg.data.as_os_str() != "-" {
-        return Ok(());
-    }
-    if backend == Backend::Mpi {
-        bail!("--data - (standard input) cannot be used under mpirun: only rank 0 would read it; give a file path every rank can read");
-    }
-    let mut bytes = Vec::new();
-    std::io::Read::read_to_end(&mut std::io::stdin(), &mut bytes)
-        .context("cannot read the data from standard input (--data -)")?;
-    let sha = crate::fingerprint::sha256_bytes(&bytes);
-    let path = std::env::temp_dir().join(format!("ppl-stdin-{}.txt", &sha[..16]));
-    std::fs::write(&path, &bytes)
-        .with_context(|| format!("cannot keep standard input in {}", path.display()))?;
-    tracing::info!(
-        "standard input ({} bytes) kept in {}",
-        bytes.len(),
-        path.display()
-    );
-    cfg.data = path;
-    Ok(())
-}
-
 /// `--quantize-skip LIST`: whether the embeddings and the output layer are left alone.
 fn parse_skip(list: &str) -> anyhow::Result<(bool, bool)> {
     let (mut embeddings, mut output) = (false, false);
@@ -837,6 +825,7 @@ fn init_logging(level: &str) {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(checks::stderr_colour())
         .without_time()
         .try_init();
 }
@@ -851,7 +840,7 @@ pub fn main() -> ExitCode {
     match run(cli) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", checks::error_message(&e));
             ExitCode::FAILURE
         }
     }
@@ -861,7 +850,12 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Eval(args) => {
             let mut resolved = args.resolve()?;
-            stdin_to_file(&mut resolved.eval, args.backend())?;
+            let outputs = checks::EvalOutputs::plan(
+                &resolved,
+                args.config.as_deref(),
+                args.expect.as_deref(),
+            )?;
+            let _spool = checks::stdin_to_file(&mut resolved.eval, args.backend())?;
             let cfg = &resolved.eval;
             let mut opts = args.run_options()?;
             opts.config_yaml = Some(resolved.to_yaml_absolute());
@@ -883,35 +877,15 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     }
                 }
             };
-            if let Some(out) = &resolved.output {
-                results.write_atomic(out).with_context(|| {
-                    format!("cannot write results to {} (--output)", out.display())
-                })?;
-            }
-            if let Some(path) = &resolved.report {
-                let path = path.clone().unwrap_or_else(|| {
-                    resolved.output.as_ref().map_or_else(
-                        || PathBuf::from("report.html"),
-                        |o| o.with_extension("html"),
-                    )
-                });
-                let name = resolved
-                    .output
-                    .as_ref()
-                    .map_or("this run".to_string(), |o| o.display().to_string());
-                let html = report::render(
-                    Format::Html,
-                    &[NamedRun {
-                        name,
-                        results: results.clone(),
-                    }],
-                );
-                std::fs::write(&path, html).with_context(|| {
-                    format!("cannot write the report to {} (--report)", path.display())
-                })?;
-            }
-            if !args.quiet {
+            outputs.write(&results)?;
+            if outputs.results_on_stdout() && !args.quiet {
+                eprint!("{}", results.summary());
+            } else if !args.quiet {
                 print!("{}", results.summary());
+            } else {
+                for w in &results.warnings {
+                    eprintln!("warning: {w}");
+                }
             }
             if let Some(prev) = &expected {
                 let verdict = report::compare::expectation(prev, &results);
@@ -925,7 +899,20 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Compare(args) => {
             args.eval.refuse_eval_only_flags()?;
             let mut resolved = args.eval.resolve()?;
-            stdin_to_file(&mut resolved.eval, args.eval.backend())?;
+            let out = resolved
+                .output
+                .as_ref()
+                .map(|o| {
+                    let e = &resolved.eval;
+                    crate::output::check(
+                        o,
+                        "--output",
+                        &[("--model", &e.model), ("--data", &e.data)],
+                    )
+                })
+                .transpose()
+                .map_err(anyhow::Error::msg)?;
+            let _spool = checks::stdin_to_file(&mut resolved.eval, args.eval.backend())?;
             let cfg = &resolved.eval;
             if cfg.parallel.any() {
                 bail!("ppl compare splits windows over ranks (data parallel) only; drop --tp/--pp/--dp-shard/--dp-replicate/--cp");
@@ -948,6 +935,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             };
             let r = match args.eval.backend() {
                 Backend::Local => {
+                    crate::preflight::check_local_ranks(cfg.ranks, args.eval.oversubscribe)
+                        .map_err(anyhow::Error::msg)?;
                     configure_threads(pipeline::threads_per_rank(cfg.threads, cfg.ranks));
                     crate::compare::compare(cfg, &opts)?
                 }
@@ -967,10 +956,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     }
                 }
             };
-            if let Some(out) = &resolved.output {
-                let tmp = out.with_extension("json.tmp");
-                std::fs::write(&tmp, serde_json::to_vec_pretty(&r)?)
-                    .and_then(|_| std::fs::rename(&tmp, out))
+            if let Some(out) = &out {
+                out.write(&serde_json::to_vec_pretty(&r)?)
                     .with_context(|| format!("cannot write {} (--output)", out.display()))?;
             }
             if !args.eval.quiet {
@@ -1059,6 +1046,19 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Report(args) => {
+            let inputs: Vec<(&str, &std::path::Path)> = args
+                .results
+                .iter()
+                .map(|p| ("the results", p.as_path()))
+                .collect();
+            let target = match (&args.output, args.format) {
+                (Some(o), _) => Some(o.clone()),
+                (None, Format::Html) => Some(args.results[0].with_extension("html")),
+                (None, _) => None,
+            }
+            .map(|o| crate::output::check(&o, "--output", &inputs))
+            .transpose()
+            .map_err(anyhow::Error::msg)?;
             let runs = args
                 .results
                 .iter()
@@ -1070,15 +1070,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 })
                 .collect::<anyhow::Result<Vec<_>>>()?;
             let text = report::render(args.format, &runs);
-            let output = match (&args.output, args.format) {
-                (Some(o), _) => Some(o.clone()),
-                (None, Format::Html) => Some(args.results[0].with_extension("html")),
-                (None, _) => None,
-            };
-            match output {
+            match target {
                 Some(o) => {
-                    std::fs::write(&o, text)
-                        .with_context(|| format!("cannot write {}", o.display()))?;
+                    o.write(text.as_bytes())
+                        .with_context(|| format!("cannot write {} (--output)", o.display()))?;
                     eprintln!("wrote {}", o.display());
                 }
                 None => print!("{text}"),

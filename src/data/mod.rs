@@ -21,6 +21,10 @@ pub enum DataError {
     NotUtf8 { path: PathBuf, offset: usize },
     #[error("data file {path} is empty (or only whitespace); there is nothing to evaluate")]
     Empty { path: PathBuf },
+    #[error("data directory {path} holds no text to evaluate ({files} visible file(s), all empty); put UTF-8 text, .jsonl or .parquet files in it, or give a file with --data")]
+    EmptyDir { path: PathBuf, files: usize },
+    #[error("--data {path} is {kind}, not a text file; give a file, a directory, or - for standard input")]
+    NotAFile { path: PathBuf, kind: &'static str },
     #[error("data file {path} looks binary (a NUL byte at offset {offset}); --data takes a UTF-8 text file")]
     Binary { path: PathBuf, offset: usize },
     #[error("{path}, line {line}: {detail}")]
@@ -38,6 +42,16 @@ pub enum DataError {
 /// Reads a UTF-8 text file. Invalid UTF-8 is an error (never silently replaced), so that the
 /// scored tokens are exactly the file's text; so is a NUL byte (a binary file).
 pub fn read_text(path: &Path) -> Result<String, DataError> {
+    // A device reads without end (/dev/zero, /dev/urandom); a FIFO is a stream that ends
+    // (`--data <(zcat text.gz)`) and stays allowed.
+    if let Some(kind) =
+        crate::preflight::special_file_kind(path).filter(|k| !k.starts_with("a FIFO"))
+    {
+        return Err(DataError::NotAFile {
+            path: path.to_path_buf(),
+            kind,
+        });
+    }
     let bytes = std::fs::read(path).map_err(|source| DataError::Read {
         path: path.to_path_buf(),
         source,

@@ -262,6 +262,12 @@ fn load_dir(dir: &Path, text_field: &str) -> Result<Data, DataError> {
             Err(e) => return Err(e),
         }
     }
+    if docs.is_empty() {
+        return Err(DataError::EmptyDir {
+            path: dir.to_path_buf(),
+            files: files.len(),
+        });
+    }
     Data::from_documents(dir, docs)
 }
 

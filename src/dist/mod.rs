@@ -251,6 +251,7 @@ fn on_sigterm_say(message: &str) {
     }
     extern "C" fn handler(_: libc::c_int) {
         if let Some(m) = SIGTERM_MESSAGE.get() {
+            crate::preflight::remove_spool_in_handler();
             // SAFETY: write(2) and _exit(2) are async-signal-safe; the buffer is 'static.
             unsafe {
                 libc::write(2, m.as_ptr().cast(), m.len());

@@ -315,7 +315,7 @@ impl<'a> StageRunner<'a> {
             }
         };
         let Some(nlls) = nlls else { return Ok(None) };
-        let results = eval::window_results(&batch, &nlls);
+        let results = eval::window_results(&batch, &nlls)?;
         let leader = self.leader();
         if leader == self.world.rank() {
             Ok(Some(results))

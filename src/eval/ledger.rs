@@ -96,6 +96,12 @@ pub enum LedgerError {
     },
     #[error("{dir} holds no ledger (ledger-*.bin); nothing to resume — run without --resume, or check the path")]
     Empty { dir: PathBuf },
+    #[error("{dir}: the ledger's record of window {index} is impossible ({detail}) although its checksum is valid; the run directory was altered — delete it and run again without --resume")]
+    Implausible {
+        dir: PathBuf,
+        index: usize,
+        detail: String,
+    },
     #[error("window {index} is recorded twice with different values ({a} and {b}); the run directory mixes two evaluations")]
     Conflict {
         index: usize,
@@ -258,6 +264,52 @@ pub(crate) fn next_chunk<'a>(bytes: &'a [u8], pos: &mut usize, max: usize) -> Op
     }
     *pos = start + len;
     Some(payload)
+}
+
+/// The largest NLL of one token a record may claim, in nats: far beyond any real model's
+/// (e^1e6 is no finite PPL), small enough that sums of squares fit the fixed-point integers.
+pub const MAX_TOKEN_NLL: f64 = 1e6;
+
+/// Checks that a record read back from a ledger could have been written by a run of this plan:
+/// as many tokens as the window scores (`expected`), non-negative sums (an NLL is never
+/// negative), no more than [`MAX_TOKEN_NLL`] per token, and a sum of squares consistent with the
+/// sum (Σx² ≥ (Σx)²/n). The CRC only proves the bytes were not torn, not that they are true.
+pub fn check_record(dir: &Path, r: &WindowResult, expected: usize) -> Result<()> {
+    use crate::eval::accumulator::{from_fixed, to_fixed};
+    let bad = |detail: String| {
+        Err(LedgerError::Implausible {
+            dir: dir.to_path_buf(),
+            index: r.index,
+            detail,
+        })
+    };
+    let a = &r.acc;
+    if a.count == 0 || a.count as usize != expected {
+        return bad(format!(
+            "{} scored tokens where the window scores {expected}",
+            a.count
+        ));
+    }
+    if a.sum < 0 || a.sum_sq < 0 {
+        return bad("a negative NLL sum".into());
+    }
+    let n = i128::from(a.count);
+    if a.sum > n.saturating_mul(to_fixed(MAX_TOKEN_NLL)) {
+        return bad(format!(
+            "an NLL sum of {} over {} tokens (more than {MAX_TOKEN_NLL} nats a token)",
+            from_fixed(a.sum),
+            a.count
+        ));
+    }
+    let (sum, sum_sq) = (from_fixed(a.sum), from_fixed(a.sum_sq));
+    // Each token's square was rounded once to 2^-64: allow that much, relative and absolute.
+    if sum * sum / a.count as f64 > sum_sq * (1.0 + 1e-9) + 1e-9 {
+        return bad(format!(
+            "a sum of squares {sum_sq} smaller than (sum {sum})² / {} tokens allows",
+            a.count
+        ));
+    }
+    Ok(())
 }
 
 /// Ledger files of a run directory, in name order.

@@ -50,7 +50,7 @@ pub fn score_batch(model: &Llama, batch: &[Window]) -> Result<Vec<WindowResult>,
     let hidden = model.hidden_states(&batch_ids(batch, model.device())?)?;
     let (rows, targets) = scored_rows(&hidden, batch)?;
     let nlls = nlls(model, &rows, &targets)?;
-    Ok(window_results(batch, &nlls))
+    window_results(batch, &nlls)
 }
 
 /// Token ids `[batch, len]` of windows of equal input length, on `device`.
@@ -137,13 +137,23 @@ pub fn partial_rows(
     Ok(out)
 }
 
-/// One exact record per window from its tokens' NLLs (in window order).
-pub fn window_results(batch: &[Window], nlls: &[f64]) -> Vec<WindowResult> {
+/// One exact record per window from its tokens' NLLs (in window order). A NaN or infinite
+/// NLL (a NaN weight, an overflow) is an error naming the window: summed in fixed point it
+/// would silently count as 0.
+pub fn window_results(batch: &[Window], nlls: &[f64]) -> Result<Vec<WindowResult>, ModelError> {
     let mut out = Vec::with_capacity(batch.len());
     let mut k = 0;
     for w in batch {
         let mut acc = NllAccumulator::default();
-        for &x in &nlls[k..k + w.targets.len()] {
+        for (token, &x) in nlls[k..k + w.targets.len()].iter().enumerate() {
+            if !x.is_finite() {
+                return Err(ModelError::NonFinite {
+                    window: w.index,
+                    start: w.start,
+                    token,
+                    value: x,
+                });
+            }
             acc.add(x);
         }
         k += w.targets.len();
@@ -156,5 +166,5 @@ pub fn window_results(batch: &[Window], nlls: &[f64]) -> Vec<WindowResult> {
             finished_s: 0.0,
         });
     }
-    out
+    Ok(out)
 }

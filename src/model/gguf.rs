@@ -44,6 +44,16 @@ pub enum GgufError {
         type_id: u32,
         type_name: String,
     },
+    #[error("{path}: tensor '{tensor}' holds a non-finite value ({detail}); the file is corrupt or was written from a diverged model — re-download or re-convert it")]
+    NonFinite {
+        path: PathBuf,
+        tensor: String,
+        detail: String,
+    },
+    #[error("{path}: metadata key '{key}' appears twice (as llama.cpp, ppl refuses to guess which value is meant); re-convert the model or remove the duplicate")]
+    DuplicateKey { path: PathBuf, key: String },
+    #[error("{path} is {kind}, not a model file; --model takes a GGUF file or a Hugging Face checkpoint directory")]
+    NotAFile { path: PathBuf, kind: &'static str },
     #[error("{path}: metadata key '{key}' is missing; the file does not describe {purpose}")]
     MissingKey {
         path: PathBuf,
@@ -396,6 +406,15 @@ impl GgufFile {
             path: path.to_path_buf(),
             source,
         };
+        // A FIFO would block open() forever and a device reads without end: refused by
+        // their type, which stat tells without opening anything.
+        let kind = crate::preflight::special_file_kind(path);
+        if let Some(kind) = kind {
+            return Err(GgufError::NotAFile {
+                path: path.to_path_buf(),
+                kind,
+            });
+        }
         let file = std::fs::File::open(path).map_err(open_err)?;
         let meta = file.metadata().map_err(open_err)?;
         if meta.is_dir() {
@@ -451,6 +470,12 @@ impl GgufFile {
             let what = || format!("the value of metadata key '{key}'");
             let type_id = cur.u32(&what)?;
             let value = cur.value(type_id, &what, 0)?;
+            if metadata.contains_key(&key) {
+                return Err(GgufError::DuplicateKey {
+                    path: path.to_path_buf(),
+                    key,
+                });
+            }
             metadata.insert(key, value);
         }
         let mut infos = Vec::with_capacity(n_tensors as usize);
@@ -712,6 +737,13 @@ impl GgufFile {
             });
         }
         let bytes = &self.maps[info.file][info.offset as usize..(info.offset + info.size) as usize];
+        if let Some(detail) = super::finite::first_non_finite(info.dtype, bytes) {
+            return Err(GgufError::NonFinite {
+                path: self.path.clone(),
+                tensor: name.to_string(),
+                detail,
+            });
+        }
         Ok((
             info,
             match info.permute {

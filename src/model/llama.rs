@@ -183,6 +183,19 @@ impl LlamaConfig {
         if sliding_window == Some(0) {
             return Err(invalid("a sliding window of 0 positions".into()));
         }
+        // Zeros here would surface later as advice to use "--pp 0" or "--ctx 0": the file's
+        // metadata is what is wrong, and no flag can fix it.
+        let context_length = get("context_length")?;
+        for (what, value) in [
+            ("block_count", n_layers),
+            ("context_length", context_length),
+        ] {
+            if value == 0 {
+                return Err(invalid(format!(
+                    "{arch}.{what} is 0, which no model has: the file's metadata is broken; re-download or re-convert the model"
+                )));
+            }
+        }
         let has = |n: &str| g.tensors.contains_key(n);
         Ok(Self {
             local_layers,
@@ -198,11 +211,11 @@ impl LlamaConfig {
             vocab_size,
             hidden_size,
             intermediate_size: get("feed_forward_length")?,
-            n_layers: get("block_count")?,
+            n_layers,
             n_heads,
             n_kv_heads,
             head_dim,
-            context_length: get("context_length")?,
+            context_length,
             rms_norm_eps: g.get_f64(&key("attention.layer_norm_rms_epsilon"), purpose)?,
             rope_theta,
             rope_dim,

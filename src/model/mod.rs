@@ -12,6 +12,7 @@
 
 pub mod device;
 pub mod fetch;
+pub mod finite;
 pub mod gguf;
 pub mod gguf_write;
 pub mod hf;
@@ -93,6 +94,13 @@ pub enum ModelError {
     Run(String),
     #[error("tensor computation failed: {0}")]
     Candle(Box<candle_core::Error>),
+    #[error("window {window} (text tokens from {start}): the model produced a non-finite NLL ({value}) at scored token {token}; its weights or activations overflowed, so no perplexity can be computed — check the model file (`ppl inspect`, or re-download it), or try --precision f32")]
+    NonFinite {
+        window: usize,
+        start: usize,
+        token: usize,
+        value: f64,
+    },
 }
 
 impl From<candle_core::Error> for ModelError {

@@ -16,6 +16,7 @@
 //! | `config` | the resolved configuration |
 //! | `model`, `data` | paths, SHA-256 fingerprints, sizes, architecture, tokenizer |
 //! | `timings` | seconds for load, tokenize, eval, total; tokens/s |
+//! | `warnings` | why the PPL cannot be a real model's (far above the vocabulary size, exactly 1, not finite); absent when plausible |
 //! | `system` | threads, CPU features, peak RSS bytes, `kernels` (instruction-set level used, advertised, cap) |
 //! | `world` | backend, size (ranks), schedule |
 //! | `ranks[]` | per rank: host, windows, tokens, compute/comm/idle seconds, tokens/s, peak RSS |
@@ -59,9 +60,42 @@ pub fn render(format: Format, runs: &[compare::NamedRun]) -> String {
 
 /// Reads a `results.json`.
 pub fn load(path: &Path) -> Result<Results, String> {
-    let bytes = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    serde_json::from_slice(&bytes)
-        .map_err(|e| format!("{} is not a ppl results file: {e}", path.display()))
+    use std::io::Read;
+    let shown = path.display();
+    let meta = std::fs::metadata(path).map_err(|e| format!("cannot read {shown}: {e}"))?;
+    if !meta.is_file() {
+        let kind = crate::preflight::special_file_kind(path).unwrap_or("a directory");
+        return Err(format!(
+            "{shown} is {kind}, not a results file; give the results.json a run wrote (--output)"
+        ));
+    }
+    if meta.len() > MAX_RESULTS_BYTES {
+        return Err(format!(
+            "{shown} is {} MiB, larger than any ppl results file ({} MiB at most); give the results.json a run wrote (--output)",
+            meta.len() >> 20,
+            MAX_RESULTS_BYTES >> 20
+        ));
+    }
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_RESULTS_BYTES + 1).read_to_end(&mut bytes))
+        .map_err(|e| format!("cannot read {shown}: {e}"))?;
+    let version: serde_json::Value = serde_json::from_slice(&bytes)
+        .map_err(|e| format!("{shown} is not a ppl results file: {e}"))?;
+    match version.get("schema_version").and_then(|v| v.as_u64()) {
+        Some(v) if v == u64::from(SCHEMA_VERSION) => {}
+        Some(v) => {
+            return Err(format!(
+                "{shown} has schema_version {v}, but this ppl reads version {SCHEMA_VERSION}; use the ppl version that wrote it (its ppl_version field), or re-run the evaluation"
+            ))
+        }
+        None => {
+            return Err(format!(
+                "{shown} is not a ppl results file: no schema_version field"
+            ))
+        }
+    }
+    serde_json::from_value(version).map_err(|e| format!("{shown} is not a ppl results file: {e}"))
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -104,6 +138,37 @@ pub struct Results {
     /// What repeats bit for bit on the device this run used (absent in older files).
     #[serde(default)]
     pub determinism: Option<crate::model::device::Determinism>,
+    /// Why this PPL cannot be a real model's on real text ([`plausibility`]); empty when it
+    /// can.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
+}
+
+/// Results files larger than this are refused by [`load`] (a real one is a few MB even with
+/// hundreds of thousands of windows); `/dev/zero` would otherwise be read until the OOM killer.
+pub const MAX_RESULTS_BYTES: u64 = 256 << 20;
+
+/// What is implausible about a perplexity over a vocabulary of `vocab` tokens, if anything.
+/// A uniform guess scores exactly `vocab`; a model far above it (100×) is worse than guessing by
+/// orders of magnitude (corrupt weights); exactly 1 means every token was predicted with
+/// certainty, which no language model does on real text (a constant or broken computation).
+pub fn plausibility(ppl: f64, vocab: usize) -> Option<String> {
+    let vocab = vocab.max(1) as f64;
+    if !ppl.is_finite() {
+        Some(format!(
+            "PPL {ppl} is not finite: the model's predictions are broken (corrupt weights?); this result is meaningless"
+        ))
+    } else if ppl <= 1.0 {
+        Some(format!(
+            "PPL {ppl} means every token was predicted with certainty, which no model does on real text: the computation or the model is broken; this result is meaningless"
+        ))
+    } else if ppl > 100.0 * vocab {
+        Some(format!(
+            "PPL {ppl:.4e} is over 100 times the vocabulary size {vocab} (a uniform guess scores {vocab}): the weights are likely corrupt; this result is meaningless"
+        ))
+    } else {
+        None
+    }
 }
 
 /// The planner's figures, recorded next to the measured peak RSS.
@@ -289,19 +354,13 @@ impl KernelIsa {
 impl Results {
     /// Writes JSON to a temporary file beside `path` and renames it into place, so a crash
     /// never leaves a partial file under the final name.
+    /// Devices, FIFOs and `-` are written directly and symbolic links followed
+    /// ([`crate::output`]).
     pub fn write_atomic(&self, path: &Path) -> std::io::Result<()> {
         let json = serde_json::to_vec_pretty(self).map_err(std::io::Error::other)?;
-        let dir = path.parent().filter(|p| !p.as_os_str().is_empty());
-        if let Some(d) = dir {
-            std::fs::create_dir_all(d)?;
-        }
-        let name = path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let tmp = path.with_file_name(format!(".{name}.tmp-{}", std::process::id()));
-        std::fs::write(&tmp, json)?;
-        std::fs::rename(&tmp, path)
+        crate::output::check(path, "--output", &[])
+            .map_err(std::io::Error::other)?
+            .write(&json)
     }
 
     /// Human-readable summary.
@@ -312,6 +371,9 @@ impl Results {
             .map(|e| format!(" ± {e:.4}"))
             .unwrap_or_default();
         s += &format!("Final estimate: PPL = {:.4}{err}\n", self.ppl);
+        for w in &self.warnings {
+            s += &format!("WARNING: {w}\n");
+        }
         if let Some([lo, hi]) = self.ci95 {
             s += &format!(
                 "95% CI (block bootstrap over {} blocks): [{lo:.4}, {hi:.4}]\n",

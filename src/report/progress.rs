@@ -59,12 +59,14 @@ impl Progress {
         };
         let bar = bar.then(|| {
             let b = ProgressBar::new(total_windows as u64);
-            b.set_style(
-                ProgressStyle::with_template(
-                    "{bar:30.cyan/blue} {pos}/{len} windows {msg} ETA {eta}",
-                )
-                .expect("valid template"),
-            );
+            // NO_COLOR (https://no-color.org): the bar without its colours.
+            let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
+            let template = if no_color {
+                "{bar:30} {pos}/{len} windows {msg} ETA {eta}"
+            } else {
+                "{bar:30.cyan/blue} {pos}/{len} windows {msg} ETA {eta}"
+            };
+            b.set_style(ProgressStyle::with_template(template).expect("valid template"));
             b
         });
         let now = Instant::now();

@@ -121,7 +121,11 @@ const PIECE_BYTES: usize = 1 << 16;
 /// - between a whitespace run ending in a newline and a space that starts a word
 ///   (`\n| The`): the run is one pre-token (GPT-2's `\s+(?!\S)` stops before the space,
 ///   Llama 3's `\s*[\r\n]+` at the last newline), and so it is at the end of a piece;
-///   wikitext's lines all start this way.
+///   wikitext's lines all start this way;
+/// - before a space between two ASCII letters (`word| Next`): a word ends at its last letter
+///   in every one of these patterns, and the next starts with its space (`' ?\p{L}+'`,
+///   `[^\r\n\p{L}\p{N}]?\p{L}+`); no pre-token holds a letter followed by a space. This
+///   keeps a text of one enormous line (no newline to cut at) in bounded memory.
 ///
 /// So the pieces' ids are the whole text's ids (the whole-wikitext test checks this against
 /// llama.cpp's ids).
@@ -136,10 +140,10 @@ fn pieces(text: &str, target: usize) -> impl Iterator<Item = &str> {
         let from = start.saturating_add(target).max(start + 2);
         let cut = (from..bytes.len())
             .find(|&i| {
-                bytes[i - 1] == b'\n'
-                    && ((solid(bytes[i - 2]) && solid(bytes[i]))
-                        || (bytes[i] == b' '
-                            && bytes.get(i + 1).is_some_and(u8::is_ascii_alphabetic)))
+                let space_word =
+                    bytes[i] == b' ' && bytes.get(i + 1).is_some_and(u8::is_ascii_alphabetic);
+                (bytes[i - 1] == b'\n' && ((solid(bytes[i - 2]) && solid(bytes[i])) || space_word))
+                    || (space_word && bytes[i - 1].is_ascii_alphabetic())
             })
             .unwrap_or(bytes.len());
         let piece = &text[start..cut];
@@ -546,6 +550,12 @@ mod tests {
         );
         assert_eq!(got.concat(), text);
         assert_eq!(pieces(text, usize::MAX).collect::<Vec<_>>(), vec![text]);
+        // One line: cut before the space of a word after a word, nowhere else.
+        let line = "one two, 3 four.five six";
+        assert_eq!(
+            pieces(line, 1).collect::<Vec<_>>(),
+            vec!["one", " two, 3 four.five", " six"]
+        );
         assert_eq!(pieces("", 4).count(), 0);
     }
 
