@@ -24,6 +24,7 @@ pub mod fingerprint;
 pub mod model;
 pub mod pipeline;
 pub mod report;
+pub mod task;
 pub mod tokenize;
 
 #[cfg(test)]
