@@ -82,7 +82,14 @@ fn run_task(model: &Path, args: &[&str]) -> Results {
         .arg(model)
         .arg("--data")
         .arg(subset_jsonl())
-        .args(["--text-field", "page", "--task", "wikitext", "--precision", "f32"])
+        .args([
+            "--text-field",
+            "page",
+            "--task",
+            "wikitext",
+            "--precision",
+            "f32",
+        ])
         .args(args)
         .args(["--progress", "none", "--run-dir"])
         .arg(dir.path().join("run"))
@@ -115,7 +122,10 @@ fn assert_matches_lm_eval(r: &Results, run: &serde_json::Value) {
         ("bits_per_byte", r.bits_per_byte.unwrap()),
     ] {
         let d = rel(ours, &run[name]);
-        eprintln!("{name}: ppl {ours} lm-eval {} (relative {d:.2e})", run[name]);
+        eprintln!(
+            "{name}: ppl {ours} lm-eval {} (relative {d:.2e})",
+            run[name]
+        );
         assert!(d < 1e-4, "{name}: ppl {ours} vs lm-eval {}", run[name]);
     }
     let docs = run["documents"].as_array().unwrap();
@@ -162,11 +172,17 @@ fn the_detokenizer_gives_lm_evals_output() {
 fn pages_and_counts_are_the_datasets() {
     let raw = std::fs::read_to_string(common::wikitext()).unwrap();
     let pages = wikitext::pages(&raw);
-    assert_eq!(pages.len() as u64, fixture()["pages_in_split"].as_u64().unwrap());
+    assert_eq!(
+        pages.len() as u64,
+        fixture()["pages_in_split"].as_u64().unwrap()
+    );
     for d in fixture_run("model")["documents"].as_array().unwrap() {
         let page = &pages[d["index"].as_u64().unwrap() as usize];
         assert_eq!(page.len() as u64, d["bytes"].as_u64().unwrap());
-        assert_eq!(page.chars().count() as u64, d["page_chars"].as_u64().unwrap());
+        assert_eq!(
+            page.chars().count() as u64,
+            d["page_chars"].as_u64().unwrap()
+        );
         assert_eq!(wikitext::count_words(page), d["words"].as_u64().unwrap());
     }
 }
@@ -174,7 +190,10 @@ fn pages_and_counts_are_the_datasets() {
 #[test]
 fn the_task_on_the_checkpoint_matches_lm_eval_at_the_models_length() {
     let r = run_task(checkpoint(), &[]);
-    assert_eq!(r.config["ctx"], 8192, "the window is max_position_embeddings");
+    assert_eq!(
+        r.config["ctx"], 8192,
+        "the window is max_position_embeddings"
+    );
     assert_eq!(r.config["task"]["name"], "wikitext");
     assert_eq!(r.config["task"]["window"], "model");
     assert_eq!(r.config["method"], "rolling");
@@ -195,7 +214,9 @@ fn the_task_with_ctx_512_matches_lm_eval_and_the_gguf_gives_the_same_bits() {
 #[test]
 fn a_task_refuses_another_method_and_yaml_names_it() {
     ppl_cmd()
-        .args(["eval", "--task", "wikitext", "--method", "chunks", "--ctx", "64"])
+        .args([
+            "eval", "--task", "wikitext", "--method", "chunks", "--ctx", "64",
+        ])
         .arg("--model")
         .arg(common::model())
         .arg("--data")

@@ -344,7 +344,9 @@ impl Results {
                     _ => "set by --ctx; lm-eval's default is the model's maximum length",
                 };
                 let name = task.as_str().unwrap_or("?");
-                s += &format!("task {name} (lm-evaluation-harness), window {ctx} tokens: {origin}\n");
+                s += &format!(
+                    "task {name} (lm-evaluation-harness), window {ctx} tokens: {origin}\n"
+                );
             }
         }
         let rss = self

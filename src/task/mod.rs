@@ -82,14 +82,13 @@ pub fn resolve_window(
         None => {
             let model = model.ok_or(TaskError::NoModel(task))?;
             let g = GgufFile::open(model).map_err(ModelError::from)?;
-            (LlamaConfig::from_gguf(&g)?.context_length, WindowSource::Model)
+            (
+                LlamaConfig::from_gguf(&g)?.context_length,
+                WindowSource::Model,
+            )
         }
     };
-    Ok((
-        Method::Rolling,
-        ctx,
-        Some(TaskSpec { name: task, window }),
-    ))
+    Ok((Method::Rolling, ctx, Some(TaskSpec { name: task, window })))
 }
 
 /// One document ready for rolling windows: its token ids and the counts its metrics use.

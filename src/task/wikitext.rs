@@ -126,10 +126,7 @@ fn odd_slash_rule(s: &str) -> Cow<'_, str> {
     const LITERAL: &str = "/'[0-9]/";
     let b = s.as_bytes();
     let matches_at = |i: usize| {
-        b.len() >= i + 5
-            && &b[i..i + 3] == b"/' "
-            && b[i + 3].is_ascii_digit()
-            && b[i + 4] == b'/'
+        b.len() >= i + 5 && &b[i..i + 3] == b"/' " && b[i + 3].is_ascii_digit() && b[i + 4] == b'/'
     };
     if !(0..b.len()).any(matches_at) {
         return Cow::Borrowed(s);
