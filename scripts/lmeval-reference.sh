@@ -23,8 +23,8 @@ if [ ! -x "$VENV/bin/python" ]; then python3 -m venv "$VENV"; fi
 "$VENV/bin/python" -c 'import lm_eval, torch, transformers' 2>/dev/null ||
     "$VENV/bin/pip" install lm-eval torch transformers accelerate
 
-cargo build --release
-PPL=${CARGO_TARGET_DIR:-target}/release/ppl
+PPL=${PPL_BIN:-${CARGO_TARGET_DIR:-target}/release/ppl}
+[ -x "$PPL" ] || cargo build --release
 CKPT=$(mktemp -d)/smollm2-f32
 "$PPL" export "$("$PPL" fetch-model)" --dtype f32 --format safetensors -o "$CKPT"
 

@@ -4,7 +4,7 @@
 //! split, with the model's own max length and with `max_length=512`). ppl on the same
 //! checkpoint must give its metrics within 1e-4 relative and every page's log-likelihood
 //! within 1e-4 nats per token; its detokenizer must give lm-eval's output on the fixture's
-//! lines; the GGUF and its checkpoint must give the same bits.
+//! lines; the GGUF and its checkpoint must give the same bits, on any number of ranks.
 
 mod common;
 
@@ -207,8 +207,17 @@ fn the_task_with_ctx_512_matches_lm_eval_and_the_gguf_gives_the_same_bits() {
     // Page 0 (1,397 tokens) is three disjoint windows.
     assert_eq!(hf.windows.iter().filter(|w| w.group == 0).count(), 3);
     assert_matches_lm_eval(&hf, fixture_run("512"));
-    let gguf = run_task(&common::model(), &["--ctx", "512", "--batch-size", "3"]);
+    // The GGUF, on two data-parallel ranks with batches of 3: the same bits.
+    let gguf = run_task(
+        &common::model(),
+        &["--ctx", "512", "--batch-size", "3", "--ranks", "2"],
+    );
+    assert_eq!(gguf.world.size, 2);
     assert_same_numbers(&hf, &gguf);
+    assert_eq!(
+        hf.word_perplexity.map(f64::to_bits),
+        gguf.word_perplexity.map(f64::to_bits)
+    );
 }
 
 #[test]
