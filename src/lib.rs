@@ -26,6 +26,7 @@ pub mod output;
 pub mod pipeline;
 pub mod preflight;
 pub mod report;
+pub mod task;
 pub mod tokenize;
 
 #[cfg(test)]

@@ -79,6 +79,8 @@ pub struct EvalConfig {
     pub run_dir: Option<PathBuf>,
     /// Skip the windows the run directory's ledgers already hold (`--resume`).
     pub resume: bool,
+    /// A benchmark task (`--task`): its documents and text, with `method` rolling.
+    pub task: Option<crate::task::TaskSpec>,
 }
 
 impl EvalConfig {
@@ -99,6 +101,7 @@ impl EvalConfig {
             "comm_dtype": self.comm_dtype,
             "tp_backend": self.tp_backend,
             "quantize": self.quantize,
+            "task": self.task,
         })
         .to_string()
     }
@@ -120,6 +123,10 @@ impl EvalConfig {
             "comm_dtype": if lossy { self.comm_dtype } else { CommDtype::F32 },
             "quantize": self.quantize,
         });
+        // Only named when set, so that ledgers written before tasks existed still resume.
+        if let Some(task) = self.task {
+            values["task"] = task.name.to_string().into();
+        }
         // A GPU's sums differ from the CPU's in the last bits: no mixing in one ledger. (Only
         // named when set, so that CPU ledgers written before GPUs existed still resume.)
         if !self.device.is_cpu() {
@@ -347,18 +354,20 @@ pub(crate) fn prepare(
                     cfg.model.display()
                 ))
             })?;
-            let mut docs = data.documents();
-            if let Some(n) = cfg.chunks {
-                docs.truncate(n);
-            }
+            let docs = crate::task::prepare_documents(
+                cfg.task.map(|t| t.name),
+                data,
+                tok,
+                prefix,
+                cfg.chunks,
+            )?;
             let (mut ws, mut stream, mut words, mut bytes) = (Vec::new(), 0, 0, 0);
             for (d, doc) in docs.iter().enumerate() {
-                let ids = tok.encode_plain(doc.text)?;
-                stream += ids.len();
+                stream += doc.ids.len();
                 words += doc.words;
                 bytes += doc.bytes;
                 let first = ws.len();
-                ws.extend(windows::rolling(&ids, cfg.ctx, prefix, d, first));
+                ws.extend(windows::rolling(&doc.ids, cfg.ctx, prefix, d, first));
             }
             Ok(Prepared {
                 plan: WindowPlan {

@@ -36,6 +36,7 @@ enum Kind {
 
 /// Every valid key.
 const SCHEMA: &[(&str, Kind)] = &[
+    ("task", Kind::Choice(&["wikitext"])),
     ("model.path", Kind::Path),
     ("model.format", Kind::Choice(&["gguf", "safetensors"])),
     ("data.path", Kind::Path),

@@ -132,6 +132,10 @@ pub struct EvalArgs {
     /// How the text is cut into windows [default: chunks].
     #[arg(long, value_enum)]
     method: Option<Method>,
+    /// A benchmark task reproduced exactly: wikitext (lm-evaluation-harness; rolling windows
+    /// of the model's maximum length unless --ctx is given).
+    #[arg(long, value_enum)]
+    task: Option<crate::task::Task>,
     /// Window length in tokens [default: 512].
     #[arg(short, long, allow_negative_numbers = true, value_parser = checks::whole::<usize>)]
     ctx: Option<usize>,
@@ -443,7 +447,23 @@ impl EvalArgs {
                 })
             })
             .unwrap_or(Method::Chunks);
-        let ctx = self.ctx.or(uint("evaluation.max_seq_len")).unwrap_or(512);
+        let task = match (self.task, c.str("task")) {
+            (Some(t), _) => Some(t),
+            (None, None) => None,
+            (None, Some(t)) => Some(
+                <crate::task::Task as clap::ValueEnum>::from_str(t, true)
+                    .map_err(|_| anyhow::anyhow!("task = {t}: the tasks are: wikitext"))?,
+            ),
+        };
+        let ctx = self.ctx.or(uint("evaluation.max_seq_len"));
+        let (method, ctx, task) = match task {
+            None => (method, ctx.unwrap_or(512), None),
+            Some(t) => {
+                let method_given = self.method.is_some() || c.str("data.method").is_some();
+                let model = self.model.clone().or_else(|| c.path("model.path"));
+                crate::task::resolve_window(t, method, method_given, ctx, model.as_deref())?
+            }
+        };
         let threads = match self.threads.or(uint("evaluation.threads")) {
             Some(0) => bail!("--threads must be at least 1"),
             Some(n) => crate::preflight::cap_threads(n),
@@ -528,6 +548,7 @@ impl EvalArgs {
                     .or_else(|| self.run_dir.clone())
                     .or_else(|| c.path("output.run_dir")),
                 resume: self.resume.is_some(),
+                task,
             },
             ranks_given: self.ranks.is_some() || dp.is_some(),
             output,
@@ -632,6 +653,13 @@ impl Resolved {
             e.tp_backend,
             e.batch_size, e.ctx, e.precision, e.device, e.threads, e.schedule, e.seed, e.bootstrap_samples
         );
+        if let Some(t) = e.task {
+            // The model's own length is found again on the next run (not pinned as --ctx).
+            if t.window == crate::task::WindowSource::Model {
+                out = out.replace(&format!("  max_seq_len: {}\n", e.ctx), "");
+            }
+            out = format!("task: {}\n{out}", t.name);
+        }
         if let Some(q) = &e.quantize {
             let kind = match q.scheme {
                 Scheme::Int4 => "int4_weight_only".to_string(),

@@ -95,18 +95,9 @@ impl<'a> Document<'a> {
 }
 
 /// Python's `len(re.split(r"\s+", s))`: one more than the number of whitespace runs
-/// (leading and trailing runs included, as lm-eval counts them).
+/// (leading and trailing runs included, as lm-eval counts them; Python's whitespace).
 pub fn count_words(s: &str) -> u64 {
-    let mut runs = 0;
-    let mut in_ws = false;
-    for c in s.chars() {
-        let ws = c.is_whitespace();
-        if ws && !in_ws {
-            runs += 1;
-        }
-        in_ws = ws;
-    }
-    runs + 1
+    crate::task::wikitext::count_words(s)
 }
 
 /// Whether a line is a top-level wikitext heading such as ` = Robert Boulter = `.

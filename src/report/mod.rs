@@ -395,9 +395,21 @@ impl Results {
             self.byte_perplexity,
             self.bits_per_byte,
         ) {
+            // lm-evaluation-harness's metric names: the same definitions.
             s += &format!(
-                "word perplexity {w:.4}, byte perplexity {b:.6}, bits per byte {bpb:.6}\n"
+                "word_perplexity {w:.4}, byte_perplexity {b:.6}, bits_per_byte {bpb:.6}\n"
             );
+            if let Some(task) = self.config.get("task").and_then(|t| t.get("name")) {
+                let ctx = self.config.get("ctx").and_then(|c| c.as_u64()).unwrap_or(0);
+                let origin = match self.config["task"].get("window").and_then(|w| w.as_str()) {
+                    Some("model") => "the model's maximum length, as lm-eval uses",
+                    _ => "set by --ctx; lm-eval's default is the model's maximum length",
+                };
+                let name = task.as_str().unwrap_or("?");
+                s += &format!(
+                    "task {name} (lm-evaluation-harness), window {ctx} tokens: {origin}\n"
+                );
+            }
         }
         let rss = self
             .system
