@@ -111,6 +111,15 @@ const EXAMPLES: &[(&str, Action)] = &[
         "PPL_MODEL=$(ppl fetch-model) ppl config show --config configs/dp-2node.yaml",
         Expect(0, &["dp_replicate: 2", "schedule: dynamic"]),
     ),
+    // lm-eval's wikitext task.
+    (
+        "ppl eval --model M --data wiki.test.raw --task wikitext",
+        Expect(0, &["word_perplexity", "bits_per_byte"]),
+    ),
+    (
+        "ppl eval --model M --data test-00000-of-00001.parquet --text-field page --task wikitext",
+        Skip("the Hugging Face parquet file of the split is not among the test data"),
+    ),
     // MPI.
     (
         "apt-get install libopenmpi-dev openmpi-bin libclang-dev",
@@ -368,6 +377,7 @@ fn world() -> World {
     }
     let model = common::model();
     for name in [
+        "M",
         "M.gguf",
         "B.gguf",
         "IN.gguf",
