@@ -24,6 +24,7 @@
 //! - [`math`]: a vectorised exponential and SiLU gating (glibc's scalar `expf` was 5–7%).
 
 pub mod attention;
+pub mod bf16;
 pub mod half;
 pub mod int8;
 pub mod kquant;
@@ -82,12 +83,7 @@ pub fn own_matrix(
             n,
             k,
         )),
-        GgmlDType::BF16 => boxed(self::half::HalfMatrix::from_bytes(
-            self::half::HalfType::Bf16,
-            bytes,
-            n,
-            k,
-        )),
+        GgmlDType::BF16 => boxed(bf16::Bf16Matrix::from_bytes(bytes, n, k)),
         _ => return None,
     };
     Some(m.ok_or_else(|| format!("a malformed {dtype:?} layout for [{n}, {k}]")))
@@ -104,6 +100,9 @@ pub enum Isa {
     Avx2,
     /// AVX-512 F/BW/VL + VNNI (on top of AVX2).
     Avx512,
+    /// AVX-512 BF16 on top of [`Isa::Avx512`]: only the BF16 kernel uses it (`vdpbf16ps`);
+    /// every other kernel runs its AVX-512 path.
+    Avx512Bf16,
 }
 
 impl Isa {
@@ -112,6 +111,7 @@ impl Isa {
             Isa::Portable => "portable",
             Isa::Avx2 => "avx2",
             Isa::Avx512 => "avx512",
+            Isa::Avx512Bf16 => "avx512bf16",
         }
     }
 
@@ -120,6 +120,7 @@ impl Isa {
             "portable" | "none" | "scalar" => Some(Isa::Portable),
             "avx2" => Some(Isa::Avx2),
             "avx512" | "avx512vnni" | "avx512_vnni" => Some(Isa::Avx512),
+            "avx512bf16" | "avx512_bf16" => Some(Isa::Avx512Bf16),
             _ => None,
         }
     }
@@ -136,9 +137,11 @@ fn advertised() -> Isa {
         && is_x86_feature_detected!("avx512bw")
         && is_x86_feature_detected!("avx512vl")
         && is_x86_feature_detected!("avx512vnni");
-    match (avx2, avx512) {
-        (_, true) => Isa::Avx512,
-        (true, false) => Isa::Avx2,
+    let bf16 = avx512 && is_x86_feature_detected!("avx512bf16");
+    match (avx2, avx512, bf16) {
+        (_, _, true) => Isa::Avx512Bf16,
+        (_, true, false) => Isa::Avx512,
+        (true, false, _) => Isa::Avx2,
         _ => Isa::Portable,
     }
 }
@@ -152,6 +155,7 @@ impl Isa {
     /// The next level down.
     fn below(self) -> Isa {
         match self {
+            Isa::Avx512Bf16 => Isa::Avx512,
             Isa::Avx512 => Isa::Avx2,
             _ => Isa::Portable,
         }
@@ -323,6 +327,9 @@ mod probe {
             Isa::Portable => || true,
             Isa::Avx2 => || unsafe { x86::avx2_works() },
             Isa::Avx512 => || unsafe { x86::avx2_works() && x86::avx512_works() },
+            Isa::Avx512Bf16 => || unsafe {
+                x86::avx2_works() && x86::avx512_works() && x86::avx512bf16_works()
+            },
         };
         match run_child(child, std::time::Duration::from_secs(2)) {
             Verdict::Clean => true,
@@ -489,6 +496,20 @@ mod probe {
             let low = _mm256_cmpeq_epi32_mask(narrow, _mm256_set1_epi32(24));
             black_box(_kand_mask16(all, _mm512_int2mask(low as i32 | 0xFF00))) == 0xFFFF
         }
+
+        /// A zmm `vdpbf16ps`, checked: 1.5·2 + 1.0·3 added to 0.5 in every lane.
+        #[target_feature(enable = "avx512f,avx512bf16")]
+        pub(super) unsafe fn avx512bf16_works() -> bool {
+            // Per 32-bit word: the even BF16 value in the low half, the odd one in the high.
+            let a = _mm512_set1_epi32(black_box(0x3fc0_3f80)); // odd 1.5, even 1.0
+            let b = _mm512_set1_epi32(black_box(0x4000_4040)); // odd 2.0, even 3.0
+            let dot = _mm512_dpbf16_ps(
+                _mm512_set1_ps(0.5),
+                std::mem::transmute::<__m512i, __m512bh>(a),
+                std::mem::transmute::<__m512i, __m512bh>(b),
+            );
+            black_box(_mm512_cmpeq_ps_mask(dot, _mm512_set1_ps(6.5))) == 0xFFFF
+        }
     }
 }
 
@@ -534,6 +555,11 @@ mod tests {
             "avx512 (advertised: avx512, executes)"
         );
         assert_eq!(Isa::parse(" AVX512 "), Some(Avx512));
+        assert_eq!(Isa::parse("avx512_bf16"), Some(Avx512Bf16));
+        // A BF16 level that does not execute falls back to plain AVX-512.
+        let c = IsaChoice::choose(Avx512Bf16, None, |l| l < Avx512Bf16);
+        assert_eq!(c.used, Avx512);
+        assert_eq!(IsaChoice::choose(Avx512Bf16, Some(Avx512), all).used, Avx512);
         assert_eq!(Isa::parse("portable"), Some(Portable));
         assert_eq!(Isa::parse("sse"), None);
     }
@@ -544,7 +570,7 @@ mod tests {
         assert!(found.used <= found.advertised);
         assert_eq!(found.used, isa());
         // The level chosen (and the ones below it) passes its probe again.
-        for level in [Isa::Avx2, Isa::Avx512] {
+        for level in [Isa::Avx2, Isa::Avx512, Isa::Avx512Bf16] {
             if level <= found.used {
                 assert!(probe::executes(level), "{level:?}");
             }
