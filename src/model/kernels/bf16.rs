@@ -64,7 +64,10 @@ pub(crate) fn flush_below(bits: u16, min_exp: u16) -> u16 {
 /// The BF16 bits an activation is multiplied as: rounded to nearest even (a NaN made quiet),
 /// then flushed below 2⁻⁴⁸.
 pub(crate) fn activation_bits(x: f32) -> u16 {
-    flush_below((round_to_bf16_bits(x.to_bits()) >> 16) as u16, ACTIVATION_MIN_EXP)
+    flush_below(
+        (round_to_bf16_bits(x.to_bits()) >> 16) as u16,
+        ACTIVATION_MIN_EXP,
+    )
 }
 
 fn widen(bits: u16) -> f32 {

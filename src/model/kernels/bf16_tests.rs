@@ -24,8 +24,8 @@ fn special_bits(seed: &mut u64) -> u16 {
     let mantissa = ((r >> 3) as u16) & 0x7f;
     match r % 8 {
         0 => sign,
-        1 => sign | mantissa,                           // denormal
-        2 => sign | 0x7f80,                             // infinity
+        1 => sign | mantissa,                                       // denormal
+        2 => sign | 0x7f80,                                         // infinity
         3 => sign | ((40 + (r >> 20) % 60) as u16) << 7 | mantissa, // tiny normal
         _ => sign | ((110 + (r >> 20) % 30) as u16) << 7 | mantissa,
     }
@@ -40,7 +40,8 @@ fn naive(w: &Bf16Matrix, x: &[f32], m: usize) -> Vec<(f64, f64)> {
         for j in 0..n {
             let (mut s, mut mag) = (0f64, 0f64);
             for e in 0..k {
-                let p = widen(w.bits[j * k + e]) as f64 * widen(activation_bits(x[row * k + e])) as f64;
+                let p =
+                    widen(w.bits[j * k + e]) as f64 * widen(activation_bits(x[row * k + e])) as f64;
                 s += p;
                 mag += p.abs();
             }
@@ -124,8 +125,15 @@ fn zeros_denormals_tiny_values_and_infinities_give_the_same_bits_on_every_path()
             })
             .collect();
         let portable = w.matmul_at(&x, m, Isa::Portable);
-        let finite = portable.iter().filter(|v| v.is_finite() && **v != 0.0).count();
-        assert!(finite > portable.len() / 4, "{finite} of {}", portable.len());
+        let finite = portable
+            .iter()
+            .filter(|v| v.is_finite() && **v != 0.0)
+            .count();
+        assert!(
+            finite > portable.len() / 4,
+            "{finite} of {}",
+            portable.len()
+        );
         for isa in levels() {
             assert!(
                 same_bits(&w.matmul_at(&x, m, isa), &portable),
@@ -297,9 +305,12 @@ fn malformed_layouts_are_refused_and_rows_dequantize_as_candle_does() {
     let (n, k) = (3, 40);
     let bytes = random_bytes(n, k, &mut seed);
     let w = Bf16Matrix::from_bytes(&bytes, n, k).expect("layout");
-    let storage =
-        QStorage::from_data(std::borrow::Cow::Borrowed(&bytes), &Device::Cpu, GgmlDType::BF16)
-            .unwrap();
+    let storage = QStorage::from_data(
+        std::borrow::Cow::Borrowed(&bytes),
+        &Device::Cpu,
+        GgmlDType::BF16,
+    )
+    .unwrap();
     let want = QTensor::new(storage, (n, k))
         .unwrap()
         .dequantize(&Device::Cpu)

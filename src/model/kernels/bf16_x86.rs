@@ -22,7 +22,10 @@ pub(super) mod avx2 {
     #[target_feature(enable = "avx2,fma")]
     unsafe fn odd(p: *const u16) -> __m256 {
         let v = _mm256_loadu_si256(p as *const __m256i);
-        _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(0xffff_0000u32 as i32)))
+        _mm256_castsi256_ps(_mm256_and_si256(
+            v,
+            _mm256_set1_epi32(0xffff_0000u32 as i32),
+        ))
     }
 
     #[inline]

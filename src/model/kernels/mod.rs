@@ -327,9 +327,9 @@ mod probe {
             Isa::Portable => || true,
             Isa::Avx2 => || unsafe { x86::avx2_works() },
             Isa::Avx512 => || unsafe { x86::avx2_works() && x86::avx512_works() },
-            Isa::Avx512Bf16 => || unsafe {
-                x86::avx2_works() && x86::avx512_works() && x86::avx512bf16_works()
-            },
+            Isa::Avx512Bf16 => {
+                || unsafe { x86::avx2_works() && x86::avx512_works() && x86::avx512bf16_works() }
+            }
         };
         match run_child(child, std::time::Duration::from_secs(2)) {
             Verdict::Clean => true,
@@ -559,7 +559,10 @@ mod tests {
         // A BF16 level that does not execute falls back to plain AVX-512.
         let c = IsaChoice::choose(Avx512Bf16, None, |l| l < Avx512Bf16);
         assert_eq!(c.used, Avx512);
-        assert_eq!(IsaChoice::choose(Avx512Bf16, Some(Avx512), all).used, Avx512);
+        assert_eq!(
+            IsaChoice::choose(Avx512Bf16, Some(Avx512), all).used,
+            Avx512
+        );
         assert_eq!(Isa::parse("portable"), Some(Portable));
         assert_eq!(Isa::parse("sse"), None);
     }

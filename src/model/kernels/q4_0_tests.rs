@@ -181,7 +181,11 @@ fn throughput() {
             for _ in 0..3 {
                 std::hint::black_box(w.matmul_at(&x, m, isa));
             }
-            line += &format!(" {}={:.1}", isa.name(), flops / (t.elapsed().as_secs_f64() / 3.0) / 1e9);
+            line += &format!(
+                " {}={:.1}",
+                isa.name(),
+                flops / (t.elapsed().as_secs_f64() / 3.0) / 1e9
+            );
         }
         println!("{line}");
     }

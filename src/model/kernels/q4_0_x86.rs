@@ -74,9 +74,8 @@ pub(super) unsafe fn group_avx2(job: &Job<'_>) -> [[f32; PANEL]; GROUP] {
                 let dw = _mm256_cvtph_ps(_mm_loadu_si128(src.add(16 * half) as *const __m128i));
                 let mut w = [_mm256_setzero_si256(); 8];
                 for t in 0..4 {
-                    let raw = _mm256_loadu_si256(
-                        src.add(NIBBLES + 64 * t + 32 * half) as *const __m256i
-                    );
+                    let raw =
+                        _mm256_loadu_si256(src.add(NIBBLES + 64 * t + 32 * half) as *const __m256i);
                     w[t] = _mm256_and_si256(raw, low);
                     w[t + 4] = _mm256_and_si256(_mm256_srli_epi16::<4>(raw), low);
                 }
