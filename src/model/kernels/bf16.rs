@@ -53,12 +53,11 @@ const WEIGHT_MIN_EXP: u16 = 127 - 64;
 const ACTIVATION_MIN_EXP: u16 = 127 - 48;
 
 /// `bits` (BF16) with magnitudes below `2^(min_exp − 127)` replaced by a zero of their sign.
+#[inline]
 pub(crate) fn flush_below(bits: u16, min_exp: u16) -> u16 {
-    if (bits >> 7) & 0xff < min_exp {
-        bits & 0x8000
-    } else {
-        bits
-    }
+    let keep = ((bits >> 7) & 0xff >= min_exp) as u16;
+    // All ones when kept, the sign bit alone when not.
+    bits & (0x8000 | keep.wrapping_neg())
 }
 
 /// The BF16 bits an activation is multiplied as: rounded to nearest even (a NaN made quiet),
@@ -87,10 +86,17 @@ impl Bf16Matrix {
         if k == 0 || n.checked_mul(k)?.checked_mul(2)? != bytes.len() {
             return None;
         }
-        let bits = bytes
-            .chunks_exact(2)
-            .map(|b| flush_below(u16::from_le_bytes([b[0], b[1]]), WEIGHT_MIN_EXP))
-            .collect();
+        // In parallel and branch-free: at load, this copy of a billion-weight model's bytes
+        // was a tenth of a one-chunk evaluation.
+        const SPAN: usize = 1 << 16;
+        let mut bits = vec![0u16; n * k];
+        bits.par_chunks_mut(SPAN)
+            .zip(bytes.par_chunks(2 * SPAN))
+            .for_each(|(dst, src)| {
+                for (d, s) in dst.iter_mut().zip(src.chunks_exact(2)) {
+                    *d = flush_below(u16::from_le_bytes([s[0], s[1]]), WEIGHT_MIN_EXP);
+                }
+            });
         Some(Self { n, k, bits })
     }
 
