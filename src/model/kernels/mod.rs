@@ -12,10 +12,14 @@
 //!   quantizes the activations and drives them, blocked for L2). candle's Q4_1 and Q5_0
 //!   products are scalar on x86 (SmolLM2 Q4_1: 18 tokens/s; Gemma 3 Q4_K_M, mostly Q5_0:
 //!   12.7), its Q8_0 one per row; a per-row kernel of ours reached 93 tokens/s, the panels 240.
-//! - [`half`]: F16 and BF16 weights kept 16-bit (candle widened them to f32 at load: twice the
+//! - [`half`]: F16 (and, in tests, BF16) weights kept 16-bit (candle widened them to f32 at load: twice the
 //!   memory, and its f32 gemm), multiplied by activations rounded to the weights' type as
 //!   llama.cpp's `vec_dot_type` does, in register tiles of eight activation rows.
-//! - [`q4_0`] (Q4_0 × Q8_0): the weights kept as nibbles, on [`panel`]'s quantized panels.
+//! - [`bf16`]: BF16 weights kept 16-bit, multiplied in the order of AVX-512 BF16's
+//!   `vdpbf16ps` (two products per lane per instruction where the CPU has it; the other
+//!   levels perform the same FMAs). F16 stays with [`half`].
+//! - [`q4_0`] (Q4_0 × Q8_0): the weights repacked at load into interleaved groups of sixteen
+//!   rows (the file's bytes, reordered), one 32-bit lane per output, on [`panel`]'s panels.
 //! - [`kquant`] (Q4_K, Q5_K and Q6_K × Q8_K): the K-quant types of Q4_K_M / Q5_K_M / Q6_K
 //!   files, on the same panels and driver, holding about the file's bytes (candle repacks
 //!   them into a second copy of about 2.3–2.5× the file's bytes at the first product).
