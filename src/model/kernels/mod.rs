@@ -12,9 +12,10 @@
 //!   quantizes the activations and drives them, blocked for L2). candle's Q4_1 and Q5_0
 //!   products are scalar on x86 (SmolLM2 Q4_1: 18 tokens/s; Gemma 3 Q4_K_M, mostly Q5_0:
 //!   12.7), its Q8_0 one per row; a per-row kernel of ours reached 93 tokens/s, the panels 240.
-//! - [`half`]: F16 (and, in tests, BF16) weights kept 16-bit (candle widened them to f32 at load: twice the
-//!   memory, and its f32 gemm), multiplied by activations rounded to the weights' type as
-//!   llama.cpp's `vec_dot_type` does, in register tiles of eight activation rows.
+//! - [`half`]: F16 weights (BF16 too, though [`own_matrix`] gives BF16 to [`bf16`]) kept
+//!   16-bit (candle widened them to f32 at load: twice the memory, and its f32 gemm),
+//!   multiplied by activations rounded to the weights' type as llama.cpp's `vec_dot_type`
+//!   does, in register tiles of eight activation rows.
 //! - [`bf16`]: BF16 weights kept 16-bit, multiplied in the order of AVX-512 BF16's
 //!   `vdpbf16ps` (two products per lane per instruction where the CPU has it; the other
 //!   levels perform the same FMAs). F16 stays with [`half`].
