@@ -71,7 +71,8 @@ pub(super) mod avx2 {
         }
     }
 
-    /// Every weight row of the job, three at a time, over the panel's live halves.
+    /// Every weight row of the job, two at a time (more spill registers), over the panel's live
+    /// halves.
     ///
     /// # Safety
     /// The CPU must support AVX2 and FMA; `acc` holds one entry per weight row and the panel
@@ -83,11 +84,10 @@ pub(super) mod avx2 {
             let mut c0 = 0;
             while c0 < rows {
                 match rows - c0 {
-                    3.. => tile::<3>(job, c0, h, acc),
-                    2 => tile::<2>(job, c0, h, acc),
+                    2.. => tile::<2>(job, c0, h, acc),
                     _ => tile::<1>(job, c0, h, acc),
                 }
-                c0 += (rows - c0).min(3);
+                c0 += (rows - c0).min(2);
             }
         }
     }
