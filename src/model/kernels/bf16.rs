@@ -45,7 +45,7 @@ const K_SLICE: usize = 1024;
 /// Below this many panels per thread, the threads split the weight rows rather than the
 /// panels (a split of few panels leaves threads idle).
 const PANELS_PER_THREAD: usize = 8;
-/// Weight rows are blocked in multiples of this (the kernels take three or four at a time).
+/// Weight rows are blocked in multiples of this (the kernels take two or four at a time).
 const ROW_GROUP: usize = 12;
 /// Smallest biased exponent of a weight kept (2⁻⁶⁴); smaller ones are held as zero.
 const WEIGHT_MIN_EXP: u16 = 127 - 64;
