@@ -71,7 +71,7 @@ impl HalfType {
 }
 
 /// The f32 bits of `bits` rounded to bf16 (nearest even), low half zero; NaNs made quiet.
-fn round_to_bf16_bits(bits: u32) -> u32 {
+pub(crate) fn round_to_bf16_bits(bits: u32) -> u32 {
     if bits & 0x7fff_ffff > 0x7f80_0000 {
         return (bits & 0xffff_0000) | 0x0040_0000;
     }
@@ -279,7 +279,7 @@ impl Job<'_> {
 }
 
 /// The eight panel rows' sums of their lanes, each in ggml's `hsum_float_8` order.
-fn reduce(lanes: &[f32; PANEL * LANES], isa: Isa) -> [f32; PANEL] {
+pub(crate) fn reduce(lanes: &[f32; PANEL * LANES], isa: Isa) -> [f32; PANEL] {
     #[cfg(target_arch = "x86_64")]
     {
         if isa >= Isa::Avx2 {

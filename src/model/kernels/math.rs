@@ -19,7 +19,9 @@ pub(crate) fn exp_in_place_with(isa: super::Isa, xs: &mut [f32]) {
     {
         match isa.min(super::isa()) {
             // SAFETY: AVX-512F was detected and seen to execute.
-            super::Isa::Avx512 => return unsafe { avx512::exp_in_place(xs) },
+            super::Isa::Avx512 | super::Isa::Avx512Bf16 => {
+                return unsafe { avx512::exp_in_place(xs) }
+            }
             // SAFETY: AVX2 and FMA were detected and seen to execute.
             super::Isa::Avx2 => return unsafe { avx2::exp_in_place(xs) },
             super::Isa::Portable => {}
@@ -80,7 +82,9 @@ pub(crate) fn silu_mul_with(isa: super::Isa, gate: &[f32], up: &[f32]) -> Vec<f3
             {
                 match isa {
                     // SAFETY: AVX-512F was detected and seen to execute; equal lengths.
-                    super::Isa::Avx512 => return unsafe { avx512::silu_mul(gate, up, h) },
+                    super::Isa::Avx512 | super::Isa::Avx512Bf16 => {
+                        return unsafe { avx512::silu_mul(gate, up, h) }
+                    }
                     // SAFETY: AVX2 and FMA were detected and seen to execute; equal lengths.
                     super::Isa::Avx2 => return unsafe { avx2::silu_mul(gate, up, h) },
                     super::Isa::Portable => {}

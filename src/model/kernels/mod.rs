@@ -12,10 +12,15 @@
 //!   quantizes the activations and drives them, blocked for L2). candle's Q4_1 and Q5_0
 //!   products are scalar on x86 (SmolLM2 Q4_1: 18 tokens/s; Gemma 3 Q4_K_M, mostly Q5_0:
 //!   12.7), its Q8_0 one per row; a per-row kernel of ours reached 93 tokens/s, the panels 240.
-//! - [`half`]: F16 and BF16 weights kept 16-bit (candle widened them to f32 at load: twice the
-//!   memory, and its f32 gemm), multiplied by activations rounded to the weights' type as
-//!   llama.cpp's `vec_dot_type` does, in register tiles of eight activation rows.
-//! - [`q4_0`] (Q4_0 × Q8_0): the weights kept as nibbles, on [`panel`]'s quantized panels.
+//! - [`half`]: F16 weights (BF16 too, though [`own_matrix`] gives BF16 to [`bf16`]) kept
+//!   16-bit (candle widened them to f32 at load: twice the memory, and its f32 gemm),
+//!   multiplied by activations rounded to the weights' type as llama.cpp's `vec_dot_type`
+//!   does, in register tiles of eight activation rows.
+//! - [`bf16`]: BF16 weights kept 16-bit, multiplied in the order of AVX-512 BF16's
+//!   `vdpbf16ps` (two products per lane per instruction where the CPU has it; the other
+//!   levels perform the same FMAs). F16 stays with [`half`].
+//! - [`q4_0`] (Q4_0 × Q8_0): the weights repacked at load into interleaved groups of sixteen
+//!   rows (the file's bytes, reordered), one 32-bit lane per output, on [`panel`]'s panels.
 //! - [`kquant`] (Q4_K, Q5_K and Q6_K × Q8_K): the K-quant types of Q4_K_M / Q5_K_M / Q6_K
 //!   files, on the same panels and driver, holding about the file's bytes (candle repacks
 //!   them into a second copy of about 2.3–2.5× the file's bytes at the first product).
@@ -24,6 +29,7 @@
 //! - [`math`]: a vectorised exponential and SiLU gating (glibc's scalar `expf` was 5–7%).
 
 pub mod attention;
+pub mod bf16;
 pub mod half;
 pub mod int8;
 pub mod kquant;
@@ -82,12 +88,7 @@ pub fn own_matrix(
             n,
             k,
         )),
-        GgmlDType::BF16 => boxed(self::half::HalfMatrix::from_bytes(
-            self::half::HalfType::Bf16,
-            bytes,
-            n,
-            k,
-        )),
+        GgmlDType::BF16 => boxed(bf16::Bf16Matrix::from_bytes(bytes, n, k)),
         _ => return None,
     };
     Some(m.ok_or_else(|| format!("a malformed {dtype:?} layout for [{n}, {k}]")))
@@ -104,6 +105,9 @@ pub enum Isa {
     Avx2,
     /// AVX-512 F/BW/VL + VNNI (on top of AVX2).
     Avx512,
+    /// AVX-512 BF16 on top of [`Isa::Avx512`]: only the BF16 kernel uses it (`vdpbf16ps`);
+    /// every other kernel runs its AVX-512 path.
+    Avx512Bf16,
 }
 
 impl Isa {
@@ -112,6 +116,7 @@ impl Isa {
             Isa::Portable => "portable",
             Isa::Avx2 => "avx2",
             Isa::Avx512 => "avx512",
+            Isa::Avx512Bf16 => "avx512bf16",
         }
     }
 
@@ -120,6 +125,7 @@ impl Isa {
             "portable" | "none" | "scalar" => Some(Isa::Portable),
             "avx2" => Some(Isa::Avx2),
             "avx512" | "avx512vnni" | "avx512_vnni" => Some(Isa::Avx512),
+            "avx512bf16" | "avx512_bf16" => Some(Isa::Avx512Bf16),
             _ => None,
         }
     }
@@ -136,9 +142,11 @@ fn advertised() -> Isa {
         && is_x86_feature_detected!("avx512bw")
         && is_x86_feature_detected!("avx512vl")
         && is_x86_feature_detected!("avx512vnni");
-    match (avx2, avx512) {
-        (_, true) => Isa::Avx512,
-        (true, false) => Isa::Avx2,
+    let bf16 = avx512 && is_x86_feature_detected!("avx512bf16");
+    match (avx2, avx512, bf16) {
+        (_, _, true) => Isa::Avx512Bf16,
+        (_, true, false) => Isa::Avx512,
+        (true, false, _) => Isa::Avx2,
         _ => Isa::Portable,
     }
 }
@@ -152,6 +160,7 @@ impl Isa {
     /// The next level down.
     fn below(self) -> Isa {
         match self {
+            Isa::Avx512Bf16 => Isa::Avx512,
             Isa::Avx512 => Isa::Avx2,
             _ => Isa::Portable,
         }
@@ -323,6 +332,9 @@ mod probe {
             Isa::Portable => || true,
             Isa::Avx2 => || unsafe { x86::avx2_works() },
             Isa::Avx512 => || unsafe { x86::avx2_works() && x86::avx512_works() },
+            Isa::Avx512Bf16 => {
+                || unsafe { x86::avx2_works() && x86::avx512_works() && x86::avx512bf16_works() }
+            }
         };
         match run_child(child, std::time::Duration::from_secs(2)) {
             Verdict::Clean => true,
@@ -489,6 +501,20 @@ mod probe {
             let low = _mm256_cmpeq_epi32_mask(narrow, _mm256_set1_epi32(24));
             black_box(_kand_mask16(all, _mm512_int2mask(low as i32 | 0xFF00))) == 0xFFFF
         }
+
+        /// A zmm `vdpbf16ps`, checked: 1.5·2 + 1.0·3 added to 0.5 in every lane.
+        #[target_feature(enable = "avx512f,avx512bf16")]
+        pub(super) unsafe fn avx512bf16_works() -> bool {
+            // Per 32-bit word: the even BF16 value in the low half, the odd one in the high.
+            let a = _mm512_set1_epi32(black_box(0x3fc0_3f80)); // odd 1.5, even 1.0
+            let b = _mm512_set1_epi32(black_box(0x4000_4040)); // odd 2.0, even 3.0
+            let dot = _mm512_dpbf16_ps(
+                _mm512_set1_ps(0.5),
+                std::mem::transmute::<__m512i, __m512bh>(a),
+                std::mem::transmute::<__m512i, __m512bh>(b),
+            );
+            black_box(_mm512_cmpeq_ps_mask(dot, _mm512_set1_ps(6.5))) == 0xFFFF
+        }
     }
 }
 
@@ -534,6 +560,14 @@ mod tests {
             "avx512 (advertised: avx512, executes)"
         );
         assert_eq!(Isa::parse(" AVX512 "), Some(Avx512));
+        assert_eq!(Isa::parse("avx512_bf16"), Some(Avx512Bf16));
+        // A BF16 level that does not execute falls back to plain AVX-512.
+        let c = IsaChoice::choose(Avx512Bf16, None, |l| l < Avx512Bf16);
+        assert_eq!(c.used, Avx512);
+        assert_eq!(
+            IsaChoice::choose(Avx512Bf16, Some(Avx512), all).used,
+            Avx512
+        );
         assert_eq!(Isa::parse("portable"), Some(Portable));
         assert_eq!(Isa::parse("sse"), None);
     }
@@ -544,7 +578,7 @@ mod tests {
         assert!(found.used <= found.advertised);
         assert_eq!(found.used, isa());
         // The level chosen (and the ones below it) passes its probe again.
-        for level in [Isa::Avx2, Isa::Avx512] {
+        for level in [Isa::Avx2, Isa::Avx512, Isa::Avx512Bf16] {
             if level <= found.used {
                 assert!(probe::executes(level), "{level:?}");
             }

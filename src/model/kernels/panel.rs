@@ -108,7 +108,9 @@ pub(crate) fn quantize_block_with(isa: super::Isa, x: &[f32], q: &mut [i8; BLOCK
         match isa.min(super::isa()) {
             // SAFETY: AVX-512 F/BW/VL were detected and seen to execute; `x` holds BLOCK
             // values (asserted inside).
-            super::Isa::Avx512 => return unsafe { avx512::quantize_block(x, q) },
+            super::Isa::Avx512 | super::Isa::Avx512Bf16 => {
+                return unsafe { avx512::quantize_block(x, q) }
+            }
             // SAFETY: AVX2 and FMA were detected and seen to execute.
             super::Isa::Avx2 => return unsafe { avx2::quantize_block(x, q) },
             super::Isa::Portable => {}

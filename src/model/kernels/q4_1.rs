@@ -117,7 +117,9 @@ pub(crate) fn panel_row_with(
     {
         match isa.min(super::isa()) {
             // SAFETY: AVX-512 F/BW/VL/VNNI, AVX2 and FMA were detected and seen to execute.
-            super::Isa::Avx512 => return unsafe { avx512::panel_row(dm, qs, a) },
+            super::Isa::Avx512 | super::Isa::Avx512Bf16 => {
+                return unsafe { avx512::panel_row(dm, qs, a) }
+            }
             // SAFETY: AVX2 and FMA were detected and seen to execute.
             super::Isa::Avx2 => return unsafe { avx2::panel_row(dm, qs, a) },
             super::Isa::Portable => {}

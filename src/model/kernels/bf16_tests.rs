@@ -1,0 +1,374 @@
+use super::super::panel::tests::lcg;
+use super::*;
+
+/// Random BF16 weights spread over several binades, as file bytes.
+fn random_bytes(n: usize, k: usize, seed: &mut u64) -> Vec<u8> {
+    (0..n * k)
+        .flat_map(|_| {
+            let v = lcg(seed) * 2f32.powi((lcg(seed) * 6.0) as i32);
+            ::half::bf16::from_f32(v).to_bits().to_le_bytes()
+        })
+        .collect()
+}
+
+fn random_x(len: usize, seed: &mut u64) -> Vec<f32> {
+    (0..len)
+        .map(|_| lcg(seed) * 3.0 * 2f32.powi((lcg(seed) * 4.0) as i32))
+        .collect()
+}
+
+/// Random BF16 bits of every kind: zeros, denormals, tiny and ordinary normals, infinities.
+fn special_bits(seed: &mut u64) -> u16 {
+    let r = (lcg(seed).to_bits() ^ (*seed as u32)).rotate_left(11);
+    let sign = (r as u16) & 0x8000;
+    let mantissa = ((r >> 3) as u16) & 0x7f;
+    match r % 8 {
+        0 => sign,
+        1 => sign | mantissa,                                       // denormal
+        2 => sign | 0x7f80,                                         // infinity
+        3 => sign | ((40 + (r >> 20) % 60) as u16) << 7 | mantissa, // tiny normal
+        _ => sign | ((110 + (r >> 20) % 30) as u16) << 7 | mantissa,
+    }
+}
+
+/// The held weights times the rounded activations, in f64, and the sum of the products'
+/// magnitudes (the scale of f32's rounding error).
+fn naive(w: &Bf16Matrix, x: &[f32], m: usize) -> Vec<(f64, f64)> {
+    let (n, k) = w.shape();
+    let mut out = Vec::with_capacity(m * n);
+    for row in 0..m {
+        for j in 0..n {
+            let (mut s, mut mag) = (0f64, 0f64);
+            for e in 0..k {
+                let p =
+                    widen(w.bits[j * k + e]) as f64 * widen(activation_bits(x[row * k + e])) as f64;
+                s += p;
+                mag += p.abs();
+            }
+            out.push((s, mag));
+        }
+    }
+    out
+}
+
+const SHAPES: [(usize, usize, usize); 9] = [
+    (1, 1, 1),
+    (3, 5, 7),
+    (9, 13, 37),
+    (17, 30, 64),
+    (8, 25, 200),
+    (33, 12, 129),
+    (5, 4, 16),
+    (12, 49, 576),
+    (2, 7, 1100),
+];
+
+fn levels() -> Vec<Isa> {
+    [Isa::Portable, Isa::Avx2, Isa::Avx512, Isa::Avx512Bf16]
+        .into_iter()
+        .filter(|&l| l <= cpu_level())
+        .collect()
+}
+
+fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len()
+        && a.iter()
+            .zip(b)
+            .all(|(x, y)| x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()))
+}
+
+#[test]
+fn matches_naive_reference_and_every_path_gives_the_same_bits() {
+    let mut seed = 17;
+    for &(m, n, k) in &SHAPES {
+        let w = Bf16Matrix::from_bytes(&random_bytes(n, k, &mut seed), n, k).expect("layout");
+        let x = random_x(m * k, &mut seed);
+        let want = naive(&w, &x, m);
+        let portable = w.matmul_at(&x, m, Isa::Portable);
+        for (i, (&g, &(e, mag))) in portable.iter().zip(&want).enumerate() {
+            let g = g as f64;
+            assert!(
+                (g - e).abs() <= 1e-6 * mag + 1e-30,
+                "({m},{n},{k}) [{i}] {g} vs {e}"
+            );
+        }
+        for isa in levels() {
+            let got = w.matmul_at(&x, m, isa);
+            assert!(
+                same_bits(&got, &portable),
+                "({m},{n},{k}) {isa:?} differs from portable"
+            );
+        }
+        assert!(same_bits(&w.matmul(&x, m), &portable));
+    }
+}
+
+#[test]
+fn zeros_denormals_tiny_values_and_infinities_give_the_same_bits_on_every_path() {
+    let mut seed = 41;
+    for &(m, n, k) in &[(9, 13, 37), (16, 24, 96), (3, 5, 300)] {
+        // Infinities only in a few places, so that most sums stay finite.
+        let value = |i: usize, seed: &mut u64| match special_bits(seed) {
+            b if b & 0x7fff == 0x7f80 && !i.is_multiple_of(61) => b & 0x8000 | 0x3f80,
+            b => b,
+        };
+        let bytes: Vec<u8> = (0..n * k)
+            .flat_map(|i| value(i, &mut seed).to_le_bytes())
+            .collect();
+        let w = Bf16Matrix::from_bytes(&bytes, n, k).expect("layout");
+        let x: Vec<f32> = (0..m * k)
+            .map(|i| {
+                let b = value(i + 1, &mut seed) as u32;
+                // Low bits too, so that the rounding (and its carry into the exponent) is
+                // exercised near the flush threshold.
+                f32::from_bits(b << 16 | (seed as u32 & 0xffff))
+            })
+            .collect();
+        let portable = w.matmul_at(&x, m, Isa::Portable);
+        let finite = portable
+            .iter()
+            .filter(|v| v.is_finite() && **v != 0.0)
+            .count();
+        assert!(
+            finite > portable.len() / 4,
+            "{finite} of {}",
+            portable.len()
+        );
+        for isa in levels() {
+            assert!(
+                same_bits(&w.matmul_at(&x, m, isa), &portable),
+                "({m},{n},{k}) {isa:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn tiny_weights_and_activations_are_held_as_signed_zeros() {
+    // 2⁻⁶⁴ is kept, the next value below is not; the sign stays.
+    assert_eq!(flush_below(0x1f80, WEIGHT_MIN_EXP), 0x1f80);
+    assert_eq!(flush_below(0x1f7f, WEIGHT_MIN_EXP), 0);
+    assert_eq!(flush_below(0x9f7f, WEIGHT_MIN_EXP), 0x8000);
+    assert_eq!(flush_below(0x0001, WEIGHT_MIN_EXP), 0);
+    assert_eq!(flush_below(0x7f80, WEIGHT_MIN_EXP), 0x7f80);
+    assert_eq!(activation_bits(2f32.powi(-48)), 0x2780);
+    assert_eq!(activation_bits(-(2f32.powi(-49))), 0x8000);
+    // Rounding up into 2⁻⁴⁸ keeps the value.
+    assert_eq!(activation_bits(f32::from_bits(0x277f_ffff)), 0x2780);
+    assert_eq!(activation_bits(1.0 + 1.0 / 256.0), 0x3f80);
+    assert_eq!(activation_bits(f32::NAN) & 0x7fc0, 0x7fc0);
+    let w = Bf16Matrix::from_bytes(&[0x7f, 0x1f, 0x80, 0x3f], 1, 2).expect("layout");
+    let mut row = [9f32; 2];
+    w.dequantize_row(0, &mut row);
+    assert_eq!(row, [0.0, 1.0]);
+}
+
+#[test]
+fn simd_rounding_gives_the_scalar_bits() {
+    let mut seed = 3;
+    let mut values: Vec<f32> = (0..4096)
+        .map(|_| f32::from_bits((lcg(&mut seed).to_bits() ^ (seed as u32)).rotate_left(7)))
+        .collect();
+    values.extend([
+        0.0,
+        -0.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        f32::from_bits(0x7f80_0001),
+        2f32.powi(-48),
+        -(2f32.powi(-49)),
+        f32::from_bits(0x277f_ffff),
+        f32::from_bits(0x277f_7fff),
+        1e-40,
+        f32::MAX,
+    ]);
+    values.truncate(values.len() / CHUNK * CHUNK);
+    for isa in levels() {
+        for src in values.chunks_exact(CHUNK) {
+            let mut dst = [0u16; CHUNK];
+            round_chunk(src, &mut dst, isa);
+            for (d, &s) in dst.iter().zip(src) {
+                assert_eq!(*d, activation_bits(s), "{isa:?} {s:e}");
+            }
+        }
+    }
+}
+
+/// What `vdpbf16ps` does on this CPU, checked on random inputs of every kind: per lane, the
+/// odd pair's product and then the even pair's, each a fused multiply-add rounded to nearest
+/// even, with denormal inputs (accumulator included) read as zero and denormal results
+/// flushed to zero. On inputs as the kernel holds them (no denormals possible), that is
+/// exactly the portable definition's two FMAs.
+#[test]
+fn vdpbf16ps_is_the_portable_definition_on_this_cpu() {
+    if cpu_level() < Isa::Avx512Bf16 {
+        eprintln!("no AVX-512 BF16 here: skipped");
+        return;
+    }
+    fn daz(x: f32) -> f32 {
+        if x.is_subnormal() {
+            0f32.copysign(x)
+        } else {
+            x
+        }
+    }
+    let emulated = |acc: f32, a: [u16; 2], b: [u16; 2]| {
+        let t = daz(daz(widen(a[1])).mul_add(daz(widen(b[1])), daz(acc)));
+        daz(daz(widen(a[0])).mul_add(daz(widen(b[0])), t))
+    };
+    let portable = |acc: f32, a: [u16; 2], b: [u16; 2]| {
+        let t = widen(a[1]).mul_add(widen(b[1]), acc);
+        widen(a[0]).mul_add(widen(b[0]), t)
+    };
+    let mut seed = 7;
+    let (mut flushed_cases, mut checked) = (0, 0);
+    for round in 0..4000 {
+        let held = round % 2 == 1;
+        let mut a = [0u16; 32];
+        let mut b = [0u16; 32];
+        for (a, b) in a.iter_mut().zip(b.iter_mut()) {
+            (*a, *b) = (special_bits(&mut seed), special_bits(&mut seed));
+            if held {
+                *a = flush_below(*a, WEIGHT_MIN_EXP);
+                *b = flush_below(*b, ACTIVATION_MIN_EXP);
+            }
+        }
+        let acc: [f32; 16] = std::array::from_fn(|i| {
+            if held {
+                0.0
+            } else {
+                f32::from_bits(special_bits(&mut seed) as u32) * [1.0, 0.5, 3.0][i % 3]
+            }
+        });
+        // SAFETY: AVX-512 BF16 is present (checked above).
+        let hw = unsafe { x86::avx512bf16::dot_pairs(&acc, &a, &b) };
+        for j in 0..16 {
+            let (pa, pb) = ([a[2 * j], a[2 * j + 1]], [b[2 * j], b[2 * j + 1]]);
+            let want = if held {
+                portable(acc[j], pa, pb)
+            } else {
+                emulated(acc[j], pa, pb)
+            };
+            if !held && emulated(acc[j], pa, pb).to_bits() != portable(acc[j], pa, pb).to_bits() {
+                flushed_cases += 1;
+            }
+            checked += 1;
+            assert!(
+                hw[j].to_bits() == want.to_bits() || (hw[j].is_nan() && want.is_nan()),
+                "acc {:e} a {pa:04x?} b {pb:04x?}: vdpbf16ps {:e}, definition {want:e}",
+                acc[j],
+                hw[j]
+            );
+        }
+    }
+    // The random inputs did reach the denormal cases the flush exists for.
+    assert!(flushed_cases > 100 && checked == 64_000, "{flushed_cases}");
+}
+
+#[test]
+fn rows_do_not_depend_on_their_neighbours_or_the_thread_count() {
+    let mut seed = 5;
+    let (n, k) = (41, 72);
+    let w = Bf16Matrix::from_bytes(&random_bytes(n, k, &mut seed), n, k).expect("layout");
+    // 26 panels: split by panels up to 3 threads, by weight rows beyond.
+    let m = 201;
+    let x = random_x(m * k, &mut seed);
+    let all = w.matmul(&x, m);
+    for r in [0, 5, 16, 36, 200] {
+        let one = w.matmul(&x[r * k..(r + 1) * k], 1);
+        assert_eq!(&all[r * n..(r + 1) * n], one.as_slice());
+    }
+    let tail = w.matmul(&x[3 * k..], m - 3);
+    assert_eq!(&all[3 * n..], tail.as_slice());
+    for threads in [1, 3, 8] {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .expect("pool");
+        assert_eq!(pool.install(|| w.matmul(&x, m)), all);
+        let few = pool.install(|| w.matmul(&x[..3 * k], 3));
+        assert_eq!(few.as_slice(), &all[..3 * n]);
+    }
+}
+
+#[test]
+fn malformed_layouts_are_refused_and_rows_dequantize_as_candle_does() {
+    assert!(Bf16Matrix::from_bytes(&[0; 10], 2, 3).is_none());
+    assert!(Bf16Matrix::from_bytes(&[0; 12], 2, 3).is_some());
+    assert!(Bf16Matrix::from_bytes(&[], usize::MAX, 3).is_none());
+    assert!(Bf16Matrix::from_bytes(&[], 4, 0).is_none());
+
+    use candle_core::quantized::{GgmlDType, QStorage, QTensor};
+    use candle_core::Device;
+    let mut seed = 29;
+    let (n, k) = (3, 40);
+    let bytes = random_bytes(n, k, &mut seed);
+    let w = Bf16Matrix::from_bytes(&bytes, n, k).expect("layout");
+    let storage = QStorage::from_data(
+        std::borrow::Cow::Borrowed(&bytes),
+        &Device::Cpu,
+        GgmlDType::BF16,
+    )
+    .unwrap();
+    let want = QTensor::new(storage, (n, k))
+        .unwrap()
+        .dequantize(&Device::Cpu)
+        .unwrap()
+        .to_vec2::<f32>()
+        .unwrap();
+    for (j, want) in want.iter().enumerate() {
+        let mut row = vec![0f32; k];
+        w.dequantize_row(j, &mut row);
+        assert!(same_bits(&row, want), "row {j}");
+    }
+}
+
+/// Throughput per level: `cargo test --release --lib kernels::bf16::tests::throughput --
+/// --ignored --nocapture` (`PPL_BENCH_THREADS`, default 2).
+#[test]
+#[ignore]
+fn throughput() {
+    let threads = std::env::var("PPL_BENCH_THREADS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(2);
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .expect("pool");
+    let mut seed = 1;
+    for &(m, n, k) in &[(512, 8192, 2048), (512, 2048, 8192), (512, 2048, 2048)] {
+        let x = random_x(m * k, &mut seed);
+        let w = Bf16Matrix::from_bytes(&random_bytes(n, k, &mut seed), n, k).expect("layout");
+        let half = super::super::half::HalfMatrix::from_bytes(
+            super::super::half::HalfType::Bf16,
+            &random_bytes(n, k, &mut seed),
+            n,
+            k,
+        )
+        .expect("layout");
+        let flops = 2.0 * (m * n * k) as f64;
+        let time = |f: &(dyn Fn() + Sync)| {
+            pool.install(|| {
+                f();
+                let t = std::time::Instant::now();
+                for _ in 0..3 {
+                    f();
+                }
+                flops / (t.elapsed().as_secs_f64() / 3.0) / 1e9
+            })
+        };
+        let mut line = format!("m={m} [{n} x {k}] {threads} threads GFLOP/s:");
+        for isa in levels().into_iter().filter(|&l| l >= Isa::Avx2) {
+            let g = time(&|| {
+                std::hint::black_box(w.matmul_at(&x, m, isa));
+            });
+            line += &format!(" {}={g:.1}", isa.name());
+        }
+        let g = time(&|| {
+            std::hint::black_box(half.matmul_at(&x, m, Isa::Avx512));
+        });
+        println!("{line}; widening kernel {g:.1}");
+    }
+}
