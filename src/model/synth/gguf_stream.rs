@@ -294,8 +294,12 @@ mod tests {
     }
 
     /// The bytes tensor `i` is filled with (distinct per tensor, so misplaced data shows).
+    /// Distinct bytes per tensor, kept below 0x40 so every f32/f16 they form (and every
+    /// block scale) is finite: the reader refuses NaN and infinite weights.
     fn fill(i: usize, size: u64) -> Vec<u8> {
-        (0..size).map(|j| (j as usize * 7 + i * 31) as u8).collect()
+        (0..size)
+            .map(|j| (j as usize * 7 + i * 31) as u8 & 0x3f)
+            .collect()
     }
 
     #[test]
