@@ -13,13 +13,14 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-use crate::dist::{local, schedule, CommError, Communicator};
+use crate::comm::{local, CommError, Communicator};
 use crate::eval::base_file::{self, BaseFileHeader};
 use crate::eval::kld::{self, Summary, TokenComparison};
 use crate::eval::ledger::Binding;
 use crate::eval::{self, LOGIT_ROWS};
 use crate::fingerprint;
 use crate::model::{GgufFile, Llama, ModelError, Partition, Precision, Quantize};
+use crate::parallel::schedule;
 use crate::pipeline::{
     first_error, join_rank, setup_rank, threads_per_rank, EvalConfig, EvalError, RankSetup,
 };

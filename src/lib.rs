@@ -16,13 +16,14 @@
 //! bit-identical for any batch size, thread count or completion order.
 
 pub mod cli;
+pub mod comm;
 pub mod compare;
 pub mod data;
-pub mod dist;
 pub mod eval;
 pub mod fingerprint;
 pub mod model;
 pub mod output;
+pub mod parallel;
 pub mod pipeline;
 pub mod preflight;
 pub mod report;

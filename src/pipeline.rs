@@ -17,22 +17,22 @@ use std::time::Instant;
 
 use serde::Serialize;
 
+use crate::comm::agreement::{self, AgreementError, Fingerprints};
+use crate::comm::codec::CommDtype;
+use crate::comm::group::{base, Group, Metered};
+use crate::comm::{local, CommError, Communicator, TpBackend};
 use crate::data::{self, windows, DataError, Method, WindowPlan};
-use crate::dist::agreement::{self, AgreementError, Fingerprints};
-use crate::dist::codec::CommDtype;
-use crate::dist::group::{base, Group, Metered};
-use crate::dist::mesh::{self, ParallelDims, RequestedDims};
-use crate::dist::parallel::StageRunner;
-use crate::dist::run::ModelScorer;
-use crate::dist::run::{self as dp, RunError};
-use crate::dist::schedule::Schedule;
-use crate::dist::{local, CommError, Communicator, TpBackend};
 use crate::eval::{ledger, stats, NllAccumulator};
 use crate::fingerprint;
 use crate::model::{
     device, gguf, memory, shard, DeviceSpec, GgufFile, Llama, LlamaConfig, ModelError, Partition,
     Precision, Quantize,
 };
+use crate::parallel::data_parallel::ModelScorer;
+use crate::parallel::data_parallel::{self as dp, RunError};
+use crate::parallel::mesh::{self, ParallelDims, RequestedDims};
+use crate::parallel::model_parallel::StageRunner;
+use crate::parallel::schedule::Schedule;
 use crate::report::progress::{Progress, ProgressMode};
 use crate::report::{
     DataInfo, MemoryReport, MeshInfo, MeshRank, ModelInfo, Results, RunInfo, SystemInfo, Timings,
@@ -549,7 +549,7 @@ pub fn setup_rank(
 /// Tells every rank's abort path how to go on from the windows finished in `run_dir`.
 fn note_run_dir(run_dir: &Path) {
     let shown = std::path::absolute(run_dir).unwrap_or_else(|_| run_dir.to_path_buf());
-    crate::dist::set_abort_note(format!(
+    crate::comm::set_abort_note(format!(
         "the windows finished so far are kept in {0}: resume with `ppl eval --resume {0}` \
          (under mpirun or `ppl launch` as before, on any number of ranks)",
         shown.display()
@@ -1014,7 +1014,7 @@ pub fn evaluate_rank(
         cfg,
         &setup,
         1,
-        crate::dist::launcher::ranks_on_this_node(),
+        crate::comm::launcher::ranks_on_this_node(),
         std::slice::from_ref(&part),
     ) {
         Ok(m) => m,
@@ -1026,7 +1026,7 @@ pub fn evaluate_rank(
     let t_load = Instant::now();
     let model = match cfg
         .device
-        .open(crate::dist::launcher::local_rank())
+        .open(crate::comm::launcher::local_rank())
         .map_err(EvalError::from)
         .and_then(|d| {
             Ok(Llama::load(

@@ -135,7 +135,7 @@ pub fn mpirun_args(args: &LaunchArgs, exe: &Path, open_mpi: bool) -> anyhow::Res
         if running_as_root() {
             out.push("--allow-run-as-root".to_string());
         }
-        out.extend(lost_host_settings(crate::dist::comm_timeout().as_secs()));
+        out.extend(lost_host_settings(crate::comm::comm_timeout().as_secs()));
         // ppl's own settings reach every rank (Open MPI forwards only what -x names).
         let mut forwarded: Vec<String> = std::env::vars_os()
             .filter_map(|(k, _)| k.into_string().ok())

@@ -20,12 +20,12 @@ use anyhow::{bail, Context};
 use self::config::Config;
 use clap::{Args, Parser, Subcommand};
 
+use crate::comm::codec::CommDtype;
+use crate::comm::TpBackend;
 use crate::data::Method;
-use crate::dist::codec::CommDtype;
-use crate::dist::mesh::{ParallelDims, RequestedDims};
-use crate::dist::schedule::Schedule;
-use crate::dist::TpBackend;
 use crate::model::{fetch, DeviceSpec, GgufFile, Precision, Quantize, Scheme};
+use crate::parallel::mesh::{ParallelDims, RequestedDims};
+use crate::parallel::schedule::Schedule;
 use crate::pipeline::{self, EvalConfig, RunOptions};
 use crate::report::compare::NamedRun;
 use crate::report::progress::ProgressMode;
@@ -262,7 +262,7 @@ pub enum Backend {
 impl EvalArgs {
     fn backend(&self) -> Backend {
         self.backend
-            .unwrap_or(if crate::dist::launcher::under_launcher() {
+            .unwrap_or(if crate::comm::launcher::under_launcher() {
                 Backend::Mpi
             } else {
                 Backend::Local
@@ -834,7 +834,7 @@ fn default_threads() -> usize {
 
 /// Under an MPI launcher, ranks on one node share its cores: cores / local ranks.
 fn default_threads_under_mpi() -> usize {
-    (default_threads() / crate::dist::launcher::ranks_on_this_node()).max(1)
+    (default_threads() / crate::comm::launcher::ranks_on_this_node()).max(1)
 }
 
 /// Pins the compute thread count: candle's matmul pools read these variables once, on first
@@ -1123,13 +1123,13 @@ fn run_mpi(
     opts: &RunOptions,
     expected_world: Option<usize>,
 ) -> anyhow::Result<Option<crate::report::Results>> {
-    let comm = crate::dist::mpi::MpiComm::init()?;
-    let world = crate::dist::Communicator::size(&comm);
+    let comm = crate::comm::mpi::MpiComm::init()?;
+    let world = crate::comm::Communicator::size(&comm);
     if let Some(n) = expected_world.filter(|&n| n != world) {
         bail!("the configuration asks for {n} ranks (--ranks, or the product of the parallel degrees dp_replicate × dp_shard × tp × cp × pp) but mpirun started {world}; make them agree (--dp-shard -1 / dp_shard: -1 infers the rest)");
     }
     let mut opts = opts.clone();
-    if crate::dist::Communicator::rank(&comm) != 0 {
+    if crate::comm::Communicator::rank(&comm) != 0 {
         opts.progress = Some(ProgressMode::None);
         opts.print_chunks = false;
     }
@@ -1138,9 +1138,9 @@ fn run_mpi(
 
 /// This process's MPI communicator and the library's version.
 #[cfg(feature = "mpi")]
-fn mpi_comm() -> anyhow::Result<(Box<dyn crate::dist::Communicator>, String)> {
-    let comm = crate::dist::mpi::MpiComm::init()?;
-    let version = crate::dist::mpi::MpiComm::library_version();
+fn mpi_comm() -> anyhow::Result<(Box<dyn crate::comm::Communicator>, String)> {
+    let comm = crate::comm::mpi::MpiComm::init()?;
+    let version = crate::comm::mpi::MpiComm::library_version();
     let first_line = version
         .lines()
         .next()
@@ -1151,7 +1151,7 @@ fn mpi_comm() -> anyhow::Result<(Box<dyn crate::dist::Communicator>, String)> {
 }
 
 #[cfg(not(feature = "mpi"))]
-fn mpi_comm() -> anyhow::Result<(Box<dyn crate::dist::Communicator>, String)> {
+fn mpi_comm() -> anyhow::Result<(Box<dyn crate::comm::Communicator>, String)> {
     bail!("this ppl was built without MPI support; rebuild with `cargo build --release --features mpi`")
 }
 

@@ -15,7 +15,7 @@ use std::time::Instant;
 use clap::Args;
 
 use super::EvalArgs;
-use crate::dist::{agreement, Communicator};
+use crate::comm::{agreement, Communicator};
 use crate::model::{gguf, memory, GgufFile, LlamaConfig};
 use crate::tokenize::Tokenizer;
 
@@ -102,7 +102,7 @@ fn local_checks(args: &ValidateArgs, list: &mut Checklist) {
         Ok(mut r) => {
             // Under a launcher the world is the launcher's, as `eval` will find it.
             if args.eval.backend() == super::Backend::Mpi && !r.ranks_given {
-                if let Some(n) = crate::dist::launcher::world_size() {
+                if let Some(n) = crate::comm::launcher::world_size() {
                     r.eval.ranks = n;
                 }
             }
@@ -357,7 +357,7 @@ fn distributed_checks(
     args: &ValidateArgs,
     library: &str,
     list: &mut Checklist,
-) -> Result<(), crate::dist::CommError> {
+) -> Result<(), crate::comm::CommError> {
     let root = comm.rank() == 0;
     let t = Instant::now();
     let hosts = comm.all_gather(comm.host().into_bytes())?;
@@ -488,7 +488,7 @@ pub fn run(args: ValidateArgs) -> anyhow::Result<ExitCode> {
     let mut list = Checklist::default();
     let mpi = args.eval.backend() == super::Backend::Mpi;
     // Under a launcher every rank runs this; one checklist is printed (rank 0's).
-    let mut is_root = !mpi || crate::dist::launcher::world_rank().unwrap_or(0) == 0;
+    let mut is_root = !mpi || crate::comm::launcher::world_rank().unwrap_or(0) == 0;
     if !mpi || !args.distributed {
         local_checks(&args, &mut list);
     }
@@ -504,7 +504,7 @@ pub fn run(args: ValidateArgs) -> anyhow::Result<ExitCode> {
             }
         } else {
             let n = args.eval.ranks.unwrap_or(2).max(1);
-            let comms = crate::dist::local::world(n);
+            let comms = crate::comm::local::world(n);
             let lists: Vec<Checklist> = std::thread::scope(|s| {
                 let hs: Vec<_> = comms
                     .iter()

@@ -121,7 +121,7 @@ pub struct Results {
     pub world: WorldInfo,
     /// Per-replica figures, by data-parallel rank (every rank when each holds the whole
     /// model; the replica leaders under model parallelism, with `mesh` for every rank).
-    pub ranks: Vec<crate::dist::run::RankStats>,
+    pub ranks: Vec<crate::parallel::data_parallel::RankStats>,
     /// The model-parallel mesh and every rank's figures; absent when each rank holds the
     /// whole model.
     #[serde(default)]
@@ -205,8 +205,8 @@ pub struct RunInfo {
 /// A model-parallel run's mesh.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct MeshInfo {
-    pub dims: crate::dist::mesh::ParallelDims,
-    pub comm_dtype: crate::dist::codec::CommDtype,
+    pub dims: crate::parallel::mesh::ParallelDims,
+    pub comm_dtype: crate::comm::codec::CommDtype,
     /// Which ranks form each replica's stages and TP groups.
     pub layout: String,
     /// Every rank, by world rank.
@@ -218,7 +218,7 @@ pub struct MeshInfo {
 pub struct MeshRank {
     pub rank: usize,
     pub host: String,
-    pub coords: crate::dist::mesh::Coords,
+    pub coords: crate::parallel::mesh::Coords,
     /// Blocks held, `[first, end)`.
     pub layers: [usize; 2],
     /// Whether it holds the token embedding / the output layer.
@@ -243,7 +243,7 @@ pub struct WorldInfo {
     /// "local" or "mpi".
     pub backend: String,
     pub size: usize,
-    pub schedule: crate::dist::schedule::Schedule,
+    pub schedule: crate::parallel::schedule::Schedule,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

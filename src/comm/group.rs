@@ -184,7 +184,7 @@ impl Communicator for Metered<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dist::local;
+    use crate::comm::local;
 
     #[test]
     fn groups_renumber_ranks_and_keep_their_traffic_apart() {

@@ -119,7 +119,7 @@ mod tests {
 
     #[test]
     fn every_rank_learns_which_rank_differs() {
-        let comms = crate::dist::local::world(3);
+        let comms = crate::comm::local::world(3);
         let handles: Vec<_> = comms
             .into_iter()
             .map(|c| {

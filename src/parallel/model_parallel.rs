@@ -2,7 +2,7 @@
 //! ranks, each possibly holding FSDP pieces) score windows together.
 //!
 //! Work moves in **steps**. The replica's leader (stage 0, TP rank 0) takes a unit of windows
-//! from the data-parallel protocol ([`super::run`]) and cuts it into micro-batches (one window
+//! from the data-parallel protocol ([`super::data_parallel`]) and cuts it into micro-batches (one window
 //! each when there are several stages, so that stage `s` works on micro-batch `k` while stage
 //! `s+1` works on `k−1`). For each micro-batch the leader decides the step and tells its
 //! stage's TP peers; every stage runs its blocks and hands the step with its activations to
@@ -27,11 +27,11 @@ use std::time::Instant;
 use candle_core::{Device, Tensor};
 use serde::{Deserialize, Serialize};
 
-use super::codec::{self, CommDtype};
-use super::group::{base, Group, Metered};
+use super::data_parallel::{RunError, Scorer};
 use super::mesh::ParallelDims;
-use super::run::{RunError, Scorer};
-use super::{CommError, Communicator};
+use crate::comm::codec::{self, CommDtype};
+use crate::comm::group::{base, Group, Metered};
+use crate::comm::{CommError, Communicator};
 use crate::data::Window;
 use crate::eval::{self, nll, WindowResult};
 use crate::model::{Collectives, Llama, ModelError};
@@ -81,7 +81,7 @@ pub struct StageRunner<'a> {
     pub figures: StageFigures,
     /// GPU-to-GPU sums of the tensor-parallel activations (`--tp-backend nccl`).
     #[cfg(feature = "nccl")]
-    nccl: Option<super::nccl::NcclGroup>,
+    nccl: Option<crate::comm::nccl::NcclGroup>,
 }
 
 /// Micro-batches a pipeline leader keeps in flight per stage: enough that every stage has
@@ -120,7 +120,10 @@ impl<'a> StageRunner<'a> {
         #[cfg(feature = "nccl")]
         {
             let nccl = if self.dims.tp > 1 {
-                Some(super::nccl::NcclGroup::new(&self.tp, self.model.device())?)
+                Some(crate::comm::nccl::NcclGroup::new(
+                    &self.tp,
+                    self.model.device(),
+                )?)
             } else {
                 None
             };
@@ -353,7 +356,7 @@ impl<'a> StageRunner<'a> {
         };
         let gather = |piece: &[u8]| -> Result<Vec<Vec<u8>>, ModelError> {
             self.shard
-                .all_gather_direct(super::tag::GATHER_DIRECT, piece.to_vec())
+                .all_gather_direct(crate::comm::tag::GATHER_DIRECT, piece.to_vec())
                 .map_err(fail)
         };
         let cc = Collectives {
@@ -381,7 +384,7 @@ impl StageRunner<'_> {
     /// same bits. Parts travel as `--comm-dtype`; a rank's own part goes through the same
     /// encoding, so the result does not depend on which rank summed which block.
     fn tp_all_reduce(&self, v: &[f32], row: usize) -> Result<Vec<f32>, CommError> {
-        use super::tag::{ALL_GATHER_SUMS, REDUCE_SCATTER};
+        use crate::comm::tag::{ALL_GATHER_SUMS, REDUCE_SCATTER};
         let (n, me) = (self.tp.size(), self.tp.rank());
         let rows = v.len() / row;
         let seg = |j: usize| {

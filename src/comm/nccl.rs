@@ -9,7 +9,7 @@
 //!
 //! Exactness: NCCL sums in its own order (ring or tree, chosen by size), so activations under
 //! `tp > 1` agree with the host path to float rounding, as the host path agrees with `tp = 1`
-//! (see [`super::parallel`]). Data parallelism needs no float collective at all.
+//! (see [`crate::parallel::model_parallel`]). Data parallelism needs no float collective at all.
 
 use std::sync::Mutex;
 

@@ -1,5 +1,7 @@
-//! Distribution: a small [`Communicator`] abstraction with two backends, and the data-parallel
-//! protocol built on it.
+//! Communication: a small [`Communicator`] abstraction with two backends, and what is built
+//! on it alone (collectives, groups, the byte codec, agreement, launcher detection). The
+//! parallel execution that uses it (mesh, schedules, data- and model-parallel executors)
+//! lives in [`crate::parallel`].
 //!
 //! - [`local`]: N ranks as threads of one process, sharing one read-only copy of the weights
 //!   (`ppl eval --ranks N`, the default backend).
@@ -9,22 +11,19 @@
 //!
 //! Backends implement point-to-point messages of bytes; the collectives (barrier, broadcast,
 //! gather, all-gather, an exact integer all-reduce) are built once on top of them, in
-//! [`Communicator`]'s provided methods. Everything above ([`schedule`], [`agreement`], the
-//! data-parallel run in [`crate::pipeline`]) only sees the trait.
+//! [`Communicator`]'s provided methods. Everything above ([`crate::parallel::schedule`],
+//! [`agreement`], the data-parallel run in [`crate::parallel::data_parallel`]) only sees the
+//! trait.
 
 pub mod agreement;
 pub mod codec;
 pub mod group;
 pub mod launcher;
 pub mod local;
-pub mod mesh;
 #[cfg(feature = "mpi")]
 pub mod mpi;
 #[cfg(feature = "nccl")]
 pub mod nccl;
-pub mod parallel;
-pub mod run;
-pub mod schedule;
 
 use std::time::Duration;
 

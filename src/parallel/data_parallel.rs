@@ -11,7 +11,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use super::schedule::{self, Schedule};
-use super::{tag, CommError, Communicator};
+use crate::comm::{tag, CommError, Communicator};
 use crate::data::Window;
 use crate::eval::ledger::{LedgerError, LedgerWriter};
 use crate::eval::{self, WindowResult};
@@ -19,7 +19,7 @@ use crate::model::{Llama, ModelError};
 
 /// What scores a unit of windows on a replica: the whole model on this rank
 /// ([`ModelScorer`]), or a model-parallel replica led by this rank
-/// ([`super::parallel::StageRunner`]).
+/// ([`super::model_parallel::StageRunner`]).
 pub trait Scorer {
     /// Starts the windows `unit` (indices into the run's windows) and returns the exact
     /// records of every window that finished meanwhile: this unit's, or (in a pipeline, which
@@ -423,7 +423,7 @@ fn worker(
         .and_then(|v| v.parse::<usize>().ok())
         == Some(comm.rank())
     {
-        std::thread::sleep(super::comm_timeout() * 3);
+        std::thread::sleep(crate::comm::comm_timeout() * 3);
         return Ok(());
     }
     match sched {
