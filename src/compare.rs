@@ -21,7 +21,7 @@ use crate::eval::{self, LOGIT_ROWS};
 use crate::fingerprint;
 use crate::model::{GgufFile, Llama, ModelError, Partition, Precision, Quantize};
 use crate::parallel::schedule;
-use crate::pipeline::{
+use crate::run::{
     first_error, join_rank, setup_rank, threads_per_rank, EvalConfig, EvalError, RankSetup,
 };
 use crate::tokenize::Tokenizer;
@@ -287,7 +287,7 @@ fn load_models(
             return Ok(false);
         }
         let loaded = crate::data::load(&cfg.data, &cfg.text_field)?;
-        let theirs = crate::pipeline::prepare(cfg, &tok, &loaded)?.plan;
+        let theirs = crate::run::prepare(cfg, &tok, &loaded)?.plan;
         let ours = &setup.prepared.plan;
         Ok(theirs.windows.len() == ours.windows.len()
             && theirs

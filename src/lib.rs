@@ -8,7 +8,7 @@
 //!   fixed-point sums) → eval::stats (± error, bootstrap CI) → report (results.json, summary)
 //! ```
 //!
-//! [`pipeline::evaluate`] runs it end to end from a resolved [`pipeline::EvalConfig`]; the
+//! [`run::evaluate`] runs it end to end from a resolved [`run::EvalConfig`]; the
 //! `ppl` binary ([`cli`]) builds that configuration from the command line.
 //!
 //! Exactness: a window's NLL depends only on the window (per-row kernels, fixed summation
@@ -24,9 +24,9 @@ pub mod fingerprint;
 pub mod model;
 pub mod output;
 pub mod parallel;
-pub mod pipeline;
 pub mod preflight;
 pub mod report;
+pub mod run;
 pub mod task;
 pub mod tokenize;
 

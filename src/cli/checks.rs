@@ -8,9 +8,9 @@ use anyhow::{bail, Context};
 
 use super::{Backend, Resolved};
 use crate::output::{self, Target};
-use crate::pipeline::EvalConfig;
 use crate::report::compare::NamedRun;
 use crate::report::{self, Format, Results};
+use crate::run::EvalConfig;
 
 /// clap value parser for counts: a negative number gets a message naming the problem (clap's
 /// default read `--ctx -5` as an unknown flag `-5`).

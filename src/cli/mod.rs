@@ -26,10 +26,10 @@ use crate::data::Method;
 use crate::model::{fetch, DeviceSpec, GgufFile, Precision, Quantize, Scheme};
 use crate::parallel::mesh::{ParallelDims, RequestedDims};
 use crate::parallel::schedule::Schedule;
-use crate::pipeline::{self, EvalConfig, RunOptions};
 use crate::report::compare::NamedRun;
 use crate::report::progress::ProgressMode;
 use crate::report::{self, Format};
+use crate::run::{self, EvalConfig, RunOptions};
 use crate::tokenize::Tokenizer;
 
 #[derive(Debug, Parser)]
@@ -893,8 +893,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             };
             let results = match args.backend() {
                 Backend::Local => {
-                    configure_threads(pipeline::threads_per_rank(cfg.threads, cfg.ranks));
-                    pipeline::evaluate(cfg, &opts)?
+                    configure_threads(run::threads_per_rank(cfg.threads, cfg.ranks));
+                    run::evaluate(cfg, &opts)?
                 }
                 Backend::Mpi => {
                     configure_threads(cfg.threads);
@@ -965,7 +965,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 Backend::Local => {
                     crate::preflight::check_local_ranks(cfg.ranks, args.eval.oversubscribe)
                         .map_err(anyhow::Error::msg)?;
-                    configure_threads(pipeline::threads_per_rank(cfg.threads, cfg.ranks));
+                    configure_threads(run::threads_per_rank(cfg.threads, cfg.ranks));
                     crate::compare::compare(cfg, &opts)?
                 }
                 Backend::Mpi => {
@@ -1133,7 +1133,7 @@ fn run_mpi(
         opts.progress = Some(ProgressMode::None);
         opts.print_chunks = false;
     }
-    Ok(pipeline::evaluate_rank(&comm, cfg, &opts)?)
+    Ok(run::evaluate_rank(&comm, cfg, &opts)?)
 }
 
 /// This process's MPI communicator and the library's version.

@@ -240,11 +240,11 @@ fn local_checks(args: &ValidateArgs, list: &mut Checklist) {
     let mut parts: Vec<crate::model::Partition> = Vec::new();
     match cfg
         .dims(cfg.ranks)
-        .and_then(|d| crate::pipeline::check_plan(cfg, &d, &g, &mc).map(|_| d))
+        .and_then(|d| crate::run::check_plan(cfg, &d, &g, &mc).map(|_| d))
     {
         Ok(dims) if dims.splits_model() => {
             for r in 0..dims.world() {
-                let p = crate::pipeline::partition(&dims, r, &mc);
+                let p = crate::run::partition(&dims, r, &mc);
                 if !parts.contains(&p) {
                     parts.push(p);
                 }
@@ -254,7 +254,7 @@ fn local_checks(args: &ValidateArgs, list: &mut Checklist) {
                     memory::partition_weight_bytes(
                         &g,
                         cfg.precision,
-                        &crate::pipeline::partition(&dims, r, &mc),
+                        &crate::run::partition(&dims, r, &mc),
                     )
                 })
                 .collect();
@@ -447,7 +447,7 @@ fn distributed_checks(
             return Ok(());
         }
     };
-    match crate::pipeline::fingerprints(comm, &resolved.eval, &resolved.eval.data) {
+    match crate::run::fingerprints(comm, &resolved.eval, &resolved.eval.data) {
         Ok(mine) => match agreement::check(comm, &mine) {
             Ok(()) => {
                 if root {
