@@ -494,7 +494,7 @@ pub fn run(args: ValidateArgs) -> anyhow::Result<ExitCode> {
     }
     if args.distributed {
         if mpi {
-            let (comm, library) = super::mpi_comm()?;
+            let (comm, library) = super::dispatch::mpi_comm()?;
             is_root = comm.rank() == 0;
             if is_root {
                 local_checks(&args, &mut list);
