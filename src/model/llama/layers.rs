@@ -1,0 +1,525 @@
+//! The blocks of the forward pass: embeddings, RMSNorm, attention (RoPE, grouped-query,
+//! sliding windows, the causal mask), the MLP, and a transformer block made of them.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use candle_core::quantized::QTensor;
+use candle_core::{DType, Device, Tensor};
+
+use crate::model::gguf::GgufFile;
+use crate::model::kernels::{attention, math, OwnMatrix};
+use crate::model::quantize::{Quantize, Site};
+use crate::model::shard::{self, LayerShard, Partition, RawTensor, TensorSpec};
+
+use super::*;
+
+pub(super) struct RmsNorm {
+    pub(super) weight: Tensor,
+    pub(super) eps: f32,
+}
+
+impl RmsNorm {
+    pub(super) fn from_raw(
+        raw: &RawTensor<'_>,
+        name: &str,
+        c: &LlamaConfig,
+        device: &Device,
+    ) -> Result<Self> {
+        let w = qtensor(raw, name, device)?.dequantize(device)?;
+        Ok(Self {
+            // In f32, as transformers computes `1.0 + weight.float()`.
+            weight: if c.norm_weight_plus_one {
+                (w + 1.0)?
+            } else {
+                w
+            },
+            eps: c.rms_norm_eps as f32,
+        })
+    }
+
+    pub(super) fn load(g: &GgufFile, name: &str, c: &LlamaConfig, device: &Device) -> Result<Self> {
+        let raw = shard::read(g, &TensorSpec::whole(name.to_string(), &[c.hidden_size]))?;
+        Self::from_raw(&raw, name, c, device)
+    }
+
+    pub(super) fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        Ok(candle_nn::ops::rms_norm(
+            &x.contiguous()?,
+            &self.weight.to_dtype(x.dtype())?,
+            self.eps,
+        )?)
+    }
+}
+
+/// Token embedding lookup: quantized rows dequantized on lookup, or a dense table. Under
+/// tensor parallelism a rank holds the rows `vocab` of the table; other ids give zero rows
+/// (the all-reduce that follows adds the owner's row to zeros, exactly).
+pub(super) struct Embedding {
+    pub(super) table: EmbeddingTable,
+    pub(super) vocab: Range<usize>,
+    pub(super) full_vocab: usize,
+}
+
+pub(super) enum EmbeddingTable {
+    Quantized(Arc<QTensor>),
+    /// The tied output layer's copy held for our kernels, decoded a row at a time (native
+    /// precision).
+    Own(Arc<dyn OwnMatrix>),
+    Dense(Tensor),
+}
+
+impl Embedding {
+    pub(super) fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        let (b, s) = ids.dims2()?;
+        let sharded = self.vocab.len() != self.full_vocab;
+        let (ids, keep) = if sharded {
+            let flat = ids.flatten_all()?.to_vec1::<u32>()?;
+            let local: Vec<u32> = flat
+                .iter()
+                .map(|&t| {
+                    let t = t as usize;
+                    if self.vocab.contains(&t) {
+                        (t - self.vocab.start) as u32
+                    } else {
+                        0
+                    }
+                })
+                .collect();
+            let keep: Vec<f32> = flat
+                .iter()
+                .map(|&t| f32::from(u8::from(self.vocab.contains(&(t as usize)))))
+                .collect();
+            (
+                Tensor::from_vec(local, (b, s), ids.device())?,
+                Some(Tensor::from_vec(keep, (b, s, 1), ids.device())?),
+            )
+        } else {
+            (ids.clone(), None)
+        };
+        let x = match &self.table {
+            EmbeddingTable::Quantized(q) => q.embedding(&ids)?,
+            EmbeddingTable::Own(m) => {
+                let k = m.shape().1;
+                let ids = ids.flatten_all()?.to_vec1::<u32>()?;
+                let mut rows = vec![0f32; ids.len() * k];
+                for (row, &id) in rows.chunks_exact_mut(k).zip(&ids) {
+                    m.dequantize_row(id as usize, row);
+                }
+                Tensor::from_vec(rows, (b, s, k), &Device::Cpu)?
+            }
+            EmbeddingTable::Dense(t) => {
+                t.index_select(&ids.flatten_all()?, 0)?
+                    .reshape((b, s, t.dim(1)?))?
+            }
+        };
+        Ok(match keep {
+            Some(k) => x.broadcast_mul(&k.to_dtype(x.dtype())?)?,
+            None => x,
+        })
+    }
+
+    pub(super) fn bytes(&self) -> u64 {
+        (match &self.table {
+            EmbeddingTable::Quantized(q) => q.storage_size_in_bytes(),
+            EmbeddingTable::Own(m) => m.storage_bytes(),
+            EmbeddingTable::Dense(t) => t.elem_count() * t.dtype().size_in_bytes(),
+        }) as u64
+    }
+}
+
+/// Sum of a tensor over the tensor-parallel group (every rank gets the same sum).
+pub type AllReduce<'a> = &'a (dyn Fn(Tensor) -> Result<Tensor> + Sync);
+/// Every FSDP piece of a layer, in rank order, from this rank's piece.
+pub type AllGather<'a> = &'a (dyn Fn(&[u8]) -> Result<Vec<Vec<u8>>> + Sync);
+
+/// Collective operations the forward pass needs when the model is split across ranks.
+pub struct Collectives<'a> {
+    pub tp_all_reduce: Option<AllReduce<'a>>,
+    pub fsdp_all_gather: Option<AllGather<'a>>,
+}
+
+impl Collectives<'_> {
+    pub const NONE: Collectives<'static> = Collectives {
+        tp_all_reduce: None,
+        fsdp_all_gather: None,
+    };
+
+    pub(super) fn reduce(&self, x: Tensor) -> Result<Tensor> {
+        match self.tp_all_reduce {
+            Some(f) => f(x),
+            None => Ok(x),
+        }
+    }
+}
+
+pub(super) struct Attention {
+    pub(super) wq: Linear,
+    pub(super) wk: Linear,
+    pub(super) wv: Linear,
+    pub(super) wo: Linear,
+    /// Q/K/V biases (Qwen2), this rank's rows.
+    pub(super) bq: Option<Tensor>,
+    pub(super) bk: Option<Tensor>,
+    pub(super) bv: Option<Tensor>,
+    /// Output bias: added by one tensor-parallel rank only (the others' partial sums must
+    /// not carry it again).
+    pub(super) bo: Option<Tensor>,
+    /// Per-head RMSNorm of Q and K (Qwen3).
+    pub(super) q_norm: Option<RmsNorm>,
+    pub(super) k_norm: Option<RmsNorm>,
+    /// Heads held by this rank (all of them without tensor parallelism).
+    pub(super) n_heads: usize,
+    pub(super) n_kv_heads: usize,
+    pub(super) head_dim: usize,
+    /// Multiplies Q·K (1/√head_dim unless the model says otherwise).
+    pub(super) scale: f64,
+    /// f32 attention through our fused kernel ([`Kernels::Own`]).
+    pub(super) fused: bool,
+}
+
+/// `y + bias` broadcast over the rows, in `y`'s dtype.
+pub(super) fn add_bias(y: Tensor, bias: &Option<Tensor>) -> Result<Tensor> {
+    Ok(match bias {
+        Some(b) => y.broadcast_add(&b.to_dtype(y.dtype())?)?,
+        None => y,
+    })
+}
+
+impl Attention {
+    pub(super) fn forward(&self, x: &Tensor, rope: &Rope, mask: &Mask) -> Result<Tensor> {
+        let (b, t, _) = x.dims3()?;
+        let heads = |y: Tensor, n: usize| -> Result<Tensor> {
+            Ok(y.reshape((b, t, n, self.head_dim))?
+                .transpose(1, 2)?
+                .contiguous()?)
+        };
+        let norm = |y: Tensor, n: &Option<RmsNorm>| -> Result<Tensor> {
+            match n {
+                Some(n) => n.forward(&y),
+                None => Ok(y),
+            }
+        };
+        let q = heads(add_bias(self.wq.forward(x)?, &self.bq)?, self.n_heads)?;
+        let k = heads(add_bias(self.wk.forward(x)?, &self.bk)?, self.n_kv_heads)?;
+        let q = rope.apply(&norm(q, &self.q_norm)?)?;
+        let k = rope.apply(&norm(k, &self.k_norm)?)?;
+        let v = heads(add_bias(self.wv.forward(x)?, &self.bv)?, self.n_kv_heads)?;
+        if q.dtype() == DType::F32 && self.fused {
+            let y = self.fused(&q, &k, &v, mask.window)?;
+            return add_bias(self.wo.forward(&y)?, &self.bo);
+        }
+        let (k, v) = (self.repeat_kv(k)?, self.repeat_kv(v)?);
+        let scores = (q.matmul(&k.t()?)? * self.scale)?;
+        let scores = scores.broadcast_add(&mask.additive.to_dtype(scores.dtype())?)?;
+        // Softmax sums in f32 whatever the activations (candle's would sum bf16 in bf16;
+        // frameworks accumulate reduced types in f32).
+        let probs = candle_nn::ops::softmax_last_dim(&scores.to_dtype(DType::F32)?)?
+            .to_dtype(scores.dtype())?;
+        let y = probs
+            .matmul(&v)?
+            .transpose(1, 2)?
+            .reshape((b, t, self.n_heads * self.head_dim))?;
+        add_bias(self.wo.forward(&y)?, &self.bo)
+    }
+
+    /// f32 attention through our fused causal kernel ([`attention::causal_attention`]):
+    /// `q [b, heads, t, d]`, `k`/`v [b, kv_heads, t, d]` → `[b, t, heads·d]`.
+    pub(super) fn fused(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        window: Option<usize>,
+    ) -> Result<Tensor> {
+        let (b, _, t, d) = q.dims4()?;
+        let shape = attention::AttentionShape {
+            batch: b,
+            heads: self.n_heads,
+            kv_heads: self.n_kv_heads,
+            t,
+            head_dim: d,
+        };
+        let scale = self.scale as f32;
+        let y = with_f32(q, |q| {
+            with_f32(k, |k| {
+                with_f32(v, |v| {
+                    attention::causal_attention(q, k, v, shape, scale, window)
+                })
+            })
+        })???;
+        Ok(Tensor::from_vec(y, (b, t, self.n_heads * d), &Device::Cpu)?)
+    }
+
+    /// Grouped-query attention: each KV head serves `n_heads / n_kv_heads` query heads.
+    pub(super) fn repeat_kv(&self, x: Tensor) -> Result<Tensor> {
+        let rep = self.n_heads / self.n_kv_heads;
+        if rep == 1 {
+            return Ok(x);
+        }
+        let (b, kv, t, d) = x.dims4()?;
+        Ok(x.unsqueeze(2)?
+            .broadcast_as((b, kv, rep, t, d))?
+            .reshape((b, kv * rep, t, d))?)
+    }
+}
+
+pub(super) struct Mlp {
+    pub(super) gate: Linear,
+    pub(super) up: Linear,
+    pub(super) down: Linear,
+    /// GELU (tanh approximation, as ggml and Gemma use) instead of SiLU on the gate.
+    pub(super) gelu: bool,
+    /// f32 SiLU·up in our one pass ([`Kernels::Own`]).
+    pub(super) fused: bool,
+}
+
+impl Mlp {
+    pub(super) fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let gate = self.gate.forward(x)?;
+        let up = self.up.forward(x)?;
+        let h = if self.gelu {
+            (gate.gelu()? * up)?
+        } else if gate.dtype() == DType::F32 && self.fused {
+            // One pass with our vectorised exponential (see kernels::math).
+            let h = with_f32(&gate, |g| with_f32(&up, |u| math::silu_mul(g, u)))??;
+            Tensor::from_vec(h, gate.shape(), &Device::Cpu)?
+        } else {
+            (gate.silu()? * up)?
+        };
+        self.down.forward(&h)
+    }
+}
+
+pub(super) struct Block {
+    pub(super) attn_norm: RmsNorm,
+    pub(super) attn: Attention,
+    /// Gemma: norms of each branch's output before it joins the residual stream.
+    pub(super) post_attn_norm: Option<RmsNorm>,
+    pub(super) ffn_norm: RmsNorm,
+    pub(super) mlp: Mlp,
+    pub(super) post_ffn_norm: Option<RmsNorm>,
+    /// Sliding-window layer (its own mask and RoPE table).
+    pub(super) local: bool,
+}
+
+impl Block {
+    /// Builds block `i` from its tensors, in [`shard::block_specs`] order.
+    pub(super) fn from_raw(
+        c: &LlamaConfig,
+        i: usize,
+        part: &Partition,
+        tensors: &[RawTensor<'_>],
+        compute: Compute<'_>,
+        quant: Option<&Quantize>,
+    ) -> Result<Self> {
+        let Compute {
+            precision,
+            device,
+            kernels,
+        } = compute;
+        let specs = shard::block_specs(c, i, part);
+        let index = |short: &str| {
+            let name = format!("blk.{i}.{short}");
+            specs.iter().position(|s| s.name == name)
+        };
+        let at = |short: &str| index(short).expect("block_specs lists every tensor Block reads");
+        let lin = |short: &str| {
+            let k = at(short);
+            match quant {
+                Some(q) => {
+                    let site = Site {
+                        name: &specs[k].name,
+                        n_layers: c.n_layers,
+                        output: false,
+                    };
+                    Linear::quantized(&tensors[k], &site, precision, device, kernels, q)
+                }
+                None => Linear::from_raw(&tensors[k], &specs[k].name, precision, device, kernels),
+            }
+        };
+        let norm = |short: &str| {
+            let k = at(short);
+            RmsNorm::from_raw(&tensors[k], &specs[k].name, c, device)
+        };
+        let vector = |short: &str| -> Result<Option<Tensor>> {
+            match index(short) {
+                Some(k) => Ok(Some(
+                    qtensor(&tensors[k], &specs[k].name, device)?.dequantize(device)?,
+                )),
+                None => Ok(None),
+            }
+        };
+        let optional_norm = |short: &str| -> Result<Option<RmsNorm>> {
+            index(short).map(|_| norm(short)).transpose()
+        };
+        Ok(Self {
+            attn_norm: norm("attn_norm.weight")?,
+            attn: Attention {
+                wq: lin("attn_q.weight")?,
+                wk: lin("attn_k.weight")?,
+                wv: lin("attn_v.weight")?,
+                wo: lin("attn_output.weight")?,
+                bq: vector("attn_q.bias")?,
+                bk: vector("attn_k.bias")?,
+                bv: vector("attn_v.bias")?,
+                bo: if part.tp_rank == 0 {
+                    vector("attn_output.bias")?
+                } else {
+                    None
+                },
+                q_norm: optional_norm("attn_q_norm.weight")?,
+                k_norm: optional_norm("attn_k_norm.weight")?,
+                n_heads: part.tp_range(c.n_heads).len(),
+                n_kv_heads: part.tp_range(c.n_kv_heads).len(),
+                head_dim: c.head_dim,
+                scale: c
+                    .attention_scale
+                    .unwrap_or(1.0 / (c.head_dim as f64).sqrt()),
+                fused: kernels == Kernels::Own,
+            },
+            post_attn_norm: optional_norm("post_attention_norm.weight")?,
+            ffn_norm: norm("ffn_norm.weight")?,
+            mlp: Mlp {
+                gate: lin("ffn_gate.weight")?,
+                up: lin("ffn_up.weight")?,
+                down: lin("ffn_down.weight")?,
+                gelu: c.gemma,
+                fused: kernels == Kernels::Own,
+            },
+            post_ffn_norm: optional_norm("post_ffw_norm.weight")?,
+            local: c.is_local(i),
+        })
+    }
+
+    pub(super) fn bytes(&self) -> u64 {
+        let a = &self.attn;
+        let m = &self.mlp;
+        [&a.wq, &a.wk, &a.wv, &a.wo, &m.gate, &m.up, &m.down]
+            .iter()
+            .map(|l| l.bytes())
+            .sum::<u64>()
+            + 2 * self.attn_norm.weight.elem_count() as u64 * 4
+            + [&a.bq, &a.bk, &a.bv, &a.bo]
+                .iter()
+                .filter_map(|b| b.as_ref())
+                .map(|b| b.elem_count() as u64 * 4)
+                .sum::<u64>()
+            + [
+                &a.q_norm,
+                &a.k_norm,
+                &self.post_attn_norm,
+                &self.post_ffn_norm,
+            ]
+            .iter()
+            .filter_map(|n| n.as_ref())
+            .map(|n| n.weight.elem_count() as u64 * 4)
+            .sum::<u64>()
+    }
+
+    /// The residual block; under tensor parallelism each branch's partial output is summed
+    /// over the group before it is added to the residual stream.
+    pub(super) fn forward(
+        &self,
+        x: &Tensor,
+        rope: &Rope,
+        mask: &Mask,
+        cc: &Collectives,
+    ) -> Result<Tensor> {
+        let post = |y: Tensor, n: &Option<RmsNorm>| -> Result<Tensor> {
+            match n {
+                Some(n) => n.forward(&y),
+                None => Ok(y),
+            }
+        };
+        // The post-norms act on the whole (all-reduced) branch output.
+        let a = cc.reduce(self.attn.forward(&self.attn_norm.forward(x)?, rope, mask)?)?;
+        let h = (x + post(a, &self.post_attn_norm)?)?;
+        let m = cc.reduce(self.mlp.forward(&self.ffn_norm.forward(&h)?)?)?;
+        Ok((&h + post(m, &self.post_ffn_norm)?)?)
+    }
+}
+
+/// A block as a rank holds it: ready to run, or as its FSDP piece.
+pub(super) enum Layer {
+    Resident(Box<Block>),
+    Sharded(LayerShard),
+}
+
+/// Rotary position embedding: on adjacent pairs (llama.cpp's "normal" RoPE; GGUF stores
+/// Llama's Q/K rows permuted for it) or on the two halves of each head (NeoX, Qwen).
+pub(super) struct Rope {
+    pub(super) cos: Tensor,
+    pub(super) sin: Tensor,
+    pub(super) neox: bool,
+}
+
+impl Rope {
+    pub(super) fn new(
+        c: &LlamaConfig,
+        theta: f64,
+        freq_factors: Option<Vec<f32>>,
+        device: &Device,
+    ) -> Result<Self> {
+        let half = c.rope_dim / 2;
+        let inv_freq: Vec<f32> = (0..half)
+            .map(|i| {
+                let f = 1.0 / theta.powf(2.0 * i as f64 / c.rope_dim as f64);
+                let factor = freq_factors.as_ref().map_or(1.0, |v| v[i] as f64);
+                (f / factor) as f32
+            })
+            .collect();
+        let n = c.context_length;
+        let mut angles = Vec::with_capacity(n * half);
+        for p in 0..n {
+            for &f in &inv_freq {
+                angles.push(p as f32 * f);
+            }
+        }
+        let angles = Tensor::from_vec(angles, (n, half), device)?;
+        Ok(Self {
+            cos: angles.cos()?,
+            sin: angles.sin()?,
+            neox: c.rope_neox,
+        })
+    }
+
+    pub(super) fn apply(&self, x: &Tensor) -> Result<Tensor> {
+        let t = x.dim(2)?;
+        let cos = self.cos.narrow(0, 0, t)?.to_dtype(x.dtype())?;
+        let sin = self.sin.narrow(0, 0, t)?.to_dtype(x.dtype())?;
+        Ok(if self.neox {
+            candle_nn::rotary_emb::rope(x, &cos, &sin)?
+        } else {
+            candle_nn::rotary_emb::rope_i(x, &cos, &sin)?
+        })
+    }
+}
+
+/// Which earlier positions a position sees: `j <= i`, and within the last `window` positions
+/// when there is one. The fused f32 kernel reads the window; other dtypes add the `[t, t]`
+/// mask (0 where `i` sees `j`, -inf elsewhere) to their scores.
+#[derive(Clone)]
+pub(super) struct Mask {
+    pub(super) additive: Tensor,
+    pub(super) window: Option<usize>,
+}
+
+pub(super) fn causal_mask(t: usize, window: Option<usize>, device: &Device) -> Result<Mask> {
+    let w = window.unwrap_or(usize::MAX);
+    let mask: Vec<f32> = (0..t)
+        .flat_map(|i| {
+            (0..t).map(move |j| {
+                if j > i || i - j >= w {
+                    f32::NEG_INFINITY
+                } else {
+                    0.0
+                }
+            })
+        })
+        .collect();
+    Ok(Mask {
+        additive: Tensor::from_vec(mask, (t, t), device)?,
+        window,
+    })
+}

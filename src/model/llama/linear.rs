@@ -1,0 +1,247 @@
+//! A weight matrix and how it is multiplied: one of the own kernels ([`super::super::kernels`]),
+//! candle's quantized matmul, or a dense tensor — chosen once, at load, by [`own_kernel`]; and
+//! the helpers that place a file's tensors on a device.
+
+use std::borrow::Cow;
+use std::sync::Arc;
+
+use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor};
+use candle_core::{Device, Module, Tensor};
+
+use crate::model::gguf::GgufFile;
+use crate::model::kernels::{self, OwnMatrix};
+use crate::model::quantize::{self, Quantize, Quantized, Site};
+use crate::model::shard::RawTensor;
+use crate::model::{ModelError, Precision};
+
+use super::*;
+
+/// A weight matrix used as `x @ W^T`: candle's quantized or dense matmul, or one of our
+/// kernels where a benchmark showed candle's to be the bottleneck ([`kernels::own_matrix`]
+/// picks it).
+pub(super) enum Linear {
+    Candle(QMatMul),
+    Own(Arc<dyn OwnMatrix>),
+}
+
+impl Linear {
+    /// Builds the matrix from its stored bytes (the one copy out of the map).
+    pub(super) fn from_raw(
+        raw: &RawTensor<'_>,
+        name: &str,
+        precision: Precision,
+        device: &Device,
+        kernels: Kernels,
+    ) -> Result<Self> {
+        if own_kernels(precision, kernels) {
+            if let Some(own) = Self::own(raw.dtype, &raw.bytes, &raw.shape, name)? {
+                return Ok(own);
+            }
+        }
+        let q = Arc::new(qtensor(raw, name, device)?);
+        Self::from_qtensor(q, name, precision, device, kernels)
+    }
+
+    /// Our kernel for a stored `[n, k]` matrix, if one serves its type.
+    pub(super) fn own(
+        dtype: GgmlDType,
+        bytes: &[u8],
+        shape: &[usize],
+        name: &str,
+    ) -> Result<Option<Self>> {
+        let [n, k] = *shape else { return Ok(None) };
+        match kernels::own_matrix(dtype, bytes, n, k) {
+            None => Ok(None),
+            Some(Ok(m)) => Ok(Some(Linear::Own(m))),
+            Some(Err(detail)) => Err(ModelError::Tensor {
+                name: name.to_string(),
+                detail: format!("has {detail}"),
+            }),
+        }
+    }
+
+    /// A weight quantized at load (`--quantize`): int4/int8 become their dequantized f32
+    /// values (a weight-only kernel's exact operands), GGUF types are used as such (our Q4_1
+    /// kernel for Q4_1 in native precision).
+    pub(super) fn quantized(
+        raw: &RawTensor<'_>,
+        site: &Site,
+        precision: Precision,
+        device: &Device,
+        kernels: Kernels,
+        q: &Quantize,
+    ) -> Result<Self> {
+        let name = site.name;
+        // Quantized on the host (the schemes are CPU code), then placed on `device`.
+        let w = qtensor(raw, name, &Device::Cpu)?.dequantize(&Device::Cpu)?;
+        let err = |e: candle_core::Error| ModelError::Tensor {
+            name: name.to_string(),
+            detail: format!("cannot quantize it to {}: {e}", q.scheme),
+        };
+        match quantize::quantize(q, &w, site).map_err(err)? {
+            Quantized::Dense(t) => Ok(Linear::Candle(QMatMul::Tensor(
+                t.to_dtype(precision.dtype())?.to_device(device)?,
+            ))),
+            Quantized::Ggml(qt) => Self::from_qtensor(qt, name, precision, device, kernels),
+        }
+    }
+
+    /// A matrix from candle storage (on the host or already on `device`).
+    pub(super) fn from_qtensor(
+        q: Arc<QTensor>,
+        name: &str,
+        precision: Precision,
+        device: &Device,
+        kernels: Kernels,
+    ) -> Result<Self> {
+        if own_kernels(precision, kernels) {
+            if let Some(own) = Self::own(q.dtype(), &q.data()?, q.shape().dims(), name)? {
+                return Ok(own);
+            }
+        }
+        let q = place_qtensor(q, device)?;
+        Ok(Linear::Candle(match precision {
+            // QMatMul keeps quantized types quantized (on a GPU: candle's CUDA kernels, which
+            // quantize the activations to Q8_1 as llama.cpp's do) and dequantizes
+            // F32/F16/BF16 to f32.
+            Precision::Native => QMatMul::from_arc(q)?,
+            p => QMatMul::Tensor(q.dequantize(device)?.to_dtype(p.dtype())?),
+        }))
+    }
+
+    /// Bytes held.
+    pub(super) fn bytes(&self) -> u64 {
+        (match self {
+            Linear::Own(m) => m.storage_bytes(),
+            Linear::Candle(QMatMul::QTensor(q)) => q.storage_size_in_bytes(),
+            Linear::Candle(QMatMul::Tensor(t)) | Linear::Candle(QMatMul::TensorF16(t)) => {
+                t.elem_count() * t.dtype().size_in_bytes()
+            }
+        }) as u64
+    }
+
+    pub(super) fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        match self {
+            // Dense weights set the activations' dtype (f32 rows meet a bf16 output layer
+            // when a compare reads stored hidden states).
+            Linear::Candle(m @ QMatMul::Tensor(w)) => Ok(m.forward(&x.to_dtype(w.dtype())?)?),
+            Linear::Candle(m) => Ok(m.forward(x)?),
+            Linear::Own(w) => own_kernel(x, w.shape(), |xs, rows| w.matmul(xs, rows)),
+        }
+    }
+}
+
+/// Runs `f` on the f32 values of `t` in row-major order, without a copy when `t` is already a
+/// contiguous CPU f32 tensor.
+pub(super) fn with_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
+    use candle_core::{CpuStorage, Storage};
+    let t = t.contiguous()?;
+    let (storage, layout) = t.storage_and_layout();
+    match (&*storage, layout.contiguous_offsets()) {
+        (Storage::Cpu(CpuStorage::F32(v)), Some((start, end))) => Ok(f(&v[start..end])),
+        _ => {
+            drop(storage);
+            Ok(f(&t.flatten_all()?.to_vec1::<f32>()?))
+        }
+    }
+}
+
+/// `x [.., k]` through one of our kernels of shape `(n, k)`: `[.., n]`.
+pub(super) fn own_kernel(
+    x: &Tensor,
+    (n, k): (usize, usize),
+    matmul: impl Fn(&[f32], usize) -> Vec<f32>,
+) -> Result<Tensor> {
+    let mut dims = x.dims().to_vec();
+    let rows = x.elem_count() / k;
+    let y = with_f32(x, |xs| matmul(xs, rows))?;
+    *dims.last_mut().expect("rank >= 1") = n;
+    Ok(Tensor::from_vec(y, dims, &Device::Cpu)?)
+}
+
+/// Which code computes the forward pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kernels {
+    /// Our kernels where a benchmark chose them (quantized matmuls in native precision, f32
+    /// attention, SiLU), candle's ops elsewhere: the CPU's default.
+    Own,
+    /// candle's ops throughout: what runs on a GPU. On the CPU it checks the GPU's path
+    /// against ours.
+    Candle,
+}
+
+impl Kernels {
+    /// The default for `device` (our kernels are CPU code).
+    pub fn for_device(device: &Device) -> Self {
+        if device.is_cpu() {
+            Kernels::Own
+        } else {
+            Kernels::Candle
+        }
+    }
+}
+
+/// How a rank computes: the weights' precision, where, and with which kernels.
+#[derive(Clone, Copy)]
+pub(super) struct Compute<'a> {
+    pub(super) precision: Precision,
+    pub(super) device: &'a Device,
+    pub(super) kernels: Kernels,
+}
+
+/// Whether our quantized matmuls take the weights (they serve native precision only).
+pub(super) fn own_kernels(precision: Precision, kernels: Kernels) -> bool {
+    precision == Precision::Native && kernels == Kernels::Own
+}
+
+/// Candle storage for stored bytes, on `device`.
+pub(super) fn qtensor(raw: &RawTensor<'_>, name: &str, device: &Device) -> Result<QTensor> {
+    let err = |e: candle_core::Error| ModelError::Tensor {
+        name: name.to_string(),
+        detail: e.to_string(),
+    };
+    let storage =
+        QStorage::from_data(Cow::Borrowed(&raw.bytes[..]), device, raw.dtype).map_err(err)?;
+    QTensor::new(storage, raw.shape.as_slice()).map_err(err)
+}
+
+/// `q` on `device`: the same quantized bytes, copied once when it lives elsewhere.
+pub(super) fn place_qtensor(q: Arc<QTensor>, device: &Device) -> Result<Arc<QTensor>> {
+    if q.device().same_device(device) {
+        return Ok(q);
+    }
+    let storage = QStorage::from_data(q.data()?, device, q.dtype())?;
+    Ok(Arc::new(QTensor::new(storage, q.shape().clone())?))
+}
+
+/// An untied 16-bit (F16/BF16) embedding table held by our kernel in native precision, so it
+/// stays 16-bit; `None` for other types or candle's kernels.
+pub(super) fn own_table(embd: &QTensor, kernels: Kernels) -> Result<Option<Arc<dyn OwnMatrix>>> {
+    if kernels != Kernels::Own || !matches!(embd.dtype(), GgmlDType::F16 | GgmlDType::BF16) {
+        return Ok(None);
+    }
+    let own = Linear::own(
+        embd.dtype(),
+        &embd.data()?,
+        embd.shape().dims(),
+        "token_embd.weight",
+    )?;
+    Ok(own.and_then(|l| match l {
+        Linear::Own(m) => Some(m),
+        Linear::Candle(_) => None,
+    }))
+}
+
+/// The f32 values of `q` in `precision`'s dtype, on `device`.
+pub(super) fn dense(q: &QTensor, precision: Precision, device: &Device) -> Result<Tensor> {
+    Ok(q.dequantize(&Device::Cpu)?
+        .to_dtype(precision.dtype())?
+        .to_device(device)?)
+}
+
+/// Drops a tensor's mapped pages once its bytes were copied (see [`GgufFile::release`]).
+pub(super) fn release(g: &GgufFile, _copied: &RawTensor<'_>, name: &str) {
+    if let Some(info) = g.tensors.get(name) {
+        g.release(info);
+    }
+}

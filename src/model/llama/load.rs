@@ -1,0 +1,259 @@
+//! Loading: a [`Llama`] (or the part of it a rank holds) from a GGUF file, with each matrix's
+//! kernel chosen and, where asked, quantized at load.
+
+use std::sync::Arc;
+
+use candle_core::quantized::{GgmlDType, QMatMul};
+use candle_core::Device;
+
+use crate::model::gguf::GgufFile;
+use crate::model::quantize::{self, Quantize, Quantized, Site};
+use crate::model::shard::{self, LayerShard, Partition, TensorSpec};
+use crate::model::{ModelError, Precision};
+
+use super::*;
+
+impl Llama {
+    /// Builds the whole model from a parsed GGUF file, loading every weight once.
+    pub fn from_gguf(g: &GgufFile, precision: Precision) -> Result<Self> {
+        let config = LlamaConfig::from_gguf(g)?;
+        let part = Partition::full(config.n_layers);
+        Self::from_gguf_part(g, precision, &part)
+    }
+
+    /// Builds the part of the model that `part` names: only its tensors are read.
+    pub fn from_gguf_part(g: &GgufFile, precision: Precision, part: &Partition) -> Result<Self> {
+        Self::load(g, precision, part, None, &Device::Cpu)
+    }
+
+    /// [`Self::from_gguf_part`] on `device`, quantizing the weights at load when `quantize`
+    /// is given.
+    pub fn load(
+        g: &GgufFile,
+        precision: Precision,
+        part: &Partition,
+        quantize: Option<Quantize>,
+        device: &Device,
+    ) -> Result<Self> {
+        Self::load_with_kernels(
+            g,
+            precision,
+            part,
+            quantize,
+            device,
+            Kernels::for_device(device),
+        )
+    }
+
+    /// [`Self::load`] with the forward pass's code chosen ([`Kernels::Own`] is taken as
+    /// [`Kernels::Candle`] off the CPU).
+    pub fn load_with_kernels(
+        g: &GgufFile,
+        precision: Precision,
+        part: &Partition,
+        quantize: Option<Quantize>,
+        device: &Device,
+        kernels: Kernels,
+    ) -> Result<Self> {
+        let kernels = if device.is_cpu() {
+            kernels
+        } else {
+            Kernels::Candle
+        };
+        let config = LlamaConfig::from_gguf(g)?;
+        shard::check_tensor_parallel(g, &config, part.tp, quantize.as_ref())?;
+        let (v, d) = (config.vocab_size, config.hidden_size);
+        let vocab = part.tp_range(v);
+        let embd_spec = TensorSpec {
+            rows: vocab.clone(),
+            ..TensorSpec::whole("token_embd.weight".into(), &[v, d])
+        };
+        let need_embd = part.embed || (part.head && config.tied_embeddings);
+        let embd = if need_embd {
+            let raw = shard::read(g, &embd_spec)?;
+            // On the host first: several layouts derive from it, each placed on `device`.
+            let q = Arc::new(qtensor(&raw, "token_embd.weight", &Device::Cpu)?);
+            release(g, &raw, "token_embd.weight");
+            Some(q)
+        } else {
+            None
+        };
+        let full_vocab = v;
+        let (mut embedding, mut output) = (None, None);
+        let quant_embd = quantize.filter(|q| q.covers_embeddings(config.tied_embeddings));
+        let quant_out = quantize.filter(|q| q.output);
+        // A tied table follows the output layer's type (as llama.cpp's quantizer).
+        let embd_site = Site {
+            name: "token_embd.weight",
+            n_layers: config.n_layers,
+            output: config.tied_embeddings,
+        };
+        if let Some(embd) = &embd {
+            // Quantized at load (`--quantize` with embeddings/output): from the f32 values.
+            let requantized = |q: &Quantize| -> Result<EmbeddingTable> {
+                let w = embd.dequantize(&Device::Cpu)?;
+                match quantize::quantize(q, &w, &embd_site).map_err(|e| ModelError::Tensor {
+                    name: "token_embd.weight".into(),
+                    detail: format!("cannot quantize it to {}: {e}", q.scheme),
+                })? {
+                    Quantized::Dense(t) => Ok(EmbeddingTable::Dense(
+                        t.to_dtype(precision.dtype())?.to_device(device)?,
+                    )),
+                    // Lookups of a quantized table give f32 rows: dense in bf16/f16.
+                    Quantized::Ggml(qt)
+                        if matches!(precision, Precision::Bf16 | Precision::F16) =>
+                    {
+                        Ok(EmbeddingTable::Dense(dense(&qt, precision, device)?))
+                    }
+                    Quantized::Ggml(qt) => {
+                        Ok(EmbeddingTable::Quantized(place_qtensor(qt, device)?))
+                    }
+                }
+            };
+            if part.head && config.tied_embeddings {
+                output = Some(match (quant_out, precision) {
+                    (Some(q), _) => {
+                        let raw = shard::read(g, &embd_spec)?;
+                        Linear::quantized(&raw, &embd_site, precision, device, kernels, &q)?
+                    }
+                    (None, Precision::Native) => Linear::from_qtensor(
+                        embd.clone(),
+                        embd_site.name,
+                        precision,
+                        device,
+                        kernels,
+                    )?,
+                    (None, p) => Linear::Candle(QMatMul::Tensor(dense(embd, p, device)?)),
+                });
+            }
+            if part.embed {
+                embedding = Some(match (quant_embd, precision) {
+                    (Some(q), _) => requantized(&q)?,
+                    (None, Precision::Native) => {
+                        // The tied output layer's decoded rows serve the lookups too.
+                        let tied = output
+                            .as_ref()
+                            .filter(|_| config.tied_embeddings && quant_out.is_none());
+                        if let Some(Linear::Own(m)) = tied {
+                            EmbeddingTable::Own(m.clone())
+                        } else if let Some(Linear::Candle(QMatMul::QTensor(q))) =
+                            tied.filter(|_| kernels == Kernels::Candle)
+                        {
+                            // The output layer's copy on the GPU serves the lookups too.
+                            EmbeddingTable::Quantized(q.clone())
+                        } else if let Some(Linear::Candle(QMatMul::Tensor(t))) =
+                            tied.filter(|_| embd.dtype() == GgmlDType::F32)
+                        {
+                            // An F32 table: the output layer's dense copy serves the lookups.
+                            EmbeddingTable::Dense(t.clone())
+                        } else if let Some(m) = own_table(embd, kernels)? {
+                            // F16/BF16 stay 16-bit: rows decoded as they are looked up.
+                            EmbeddingTable::Own(m)
+                        } else if embd.dtype().block_size() == 1 {
+                            EmbeddingTable::Dense(dense(embd, Precision::F32, device)?)
+                        } else {
+                            EmbeddingTable::Quantized(place_qtensor(embd.clone(), device)?)
+                        }
+                    }
+                    (None, p) => {
+                        // Shares the output layer's dense copy when tied and both are here.
+                        match &output {
+                            Some(Linear::Candle(QMatMul::Tensor(t)))
+                                if config.tied_embeddings && quant_out.is_none() =>
+                            {
+                                EmbeddingTable::Dense(t.clone())
+                            }
+                            _ => EmbeddingTable::Dense(dense(embd, p, device)?),
+                        }
+                    }
+                });
+            }
+        }
+        drop(embd);
+        if part.head && !config.tied_embeddings {
+            let spec = TensorSpec {
+                rows: vocab.clone(),
+                ..TensorSpec::whole("output.weight".into(), &[v, d])
+            };
+            let raw = shard::read(g, &spec)?;
+            output = Some(match quant_out {
+                Some(q) => {
+                    let site = Site {
+                        name: "output.weight",
+                        n_layers: config.n_layers,
+                        output: true,
+                    };
+                    Linear::quantized(&raw, &site, precision, device, kernels, &q)?
+                }
+                None => Linear::from_raw(&raw, "output.weight", precision, device, kernels)?,
+            });
+            release(g, &raw, "output.weight");
+        }
+        let layers = part
+            .layers
+            .clone()
+            .map(|i| {
+                let specs = shard::block_specs(&config, i, part);
+                let raws = specs
+                    .iter()
+                    .map(|s| shard::read(g, s))
+                    .collect::<Result<Vec<_>>>()?;
+                let layer = if part.fsdp > 1 {
+                    Layer::Sharded(LayerShard::new(&raws, part.fsdp_rank, part.fsdp))
+                } else {
+                    Layer::Resident(Box::new(Block::from_raw(
+                        &config,
+                        i,
+                        part,
+                        &raws,
+                        Compute {
+                            precision,
+                            device,
+                            kernels,
+                        },
+                        quantize.as_ref(),
+                    )?))
+                };
+                for (s, raw) in specs.iter().zip(&raws) {
+                    release(g, raw, &s.name);
+                }
+                Ok(layer)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let freq_factors = match g.tensors.get("rope_freqs.weight") {
+            Some(_) => Some(
+                g.qtensor("rope_freqs.weight", &[config.rope_dim / 2], &Device::Cpu)?
+                    .dequantize(&Device::Cpu)?
+                    .to_vec1::<f32>()?,
+            ),
+            None => None,
+        };
+        let norm = if part.head {
+            Some(RmsNorm::load(g, "output_norm.weight", &config, device)?)
+        } else {
+            None
+        };
+        Ok(Self {
+            rope_local: match config.local_layers.is_empty() {
+                false => Some(Rope::new(&config, config.rope_theta_local, None, device)?),
+                true => None,
+            },
+            rope: Rope::new(&config, config.rope_theta, freq_factors, device)?,
+            embedding: embedding.map(|table| Embedding {
+                table,
+                vocab: vocab.clone(),
+                full_vocab,
+            }),
+            output_vocab: if part.head { vocab } else { 0..0 },
+            config,
+            partition: part.clone(),
+            precision,
+            layers,
+            norm,
+            output,
+            quantize,
+            device: device.clone(),
+            kernels,
+        })
+    }
+}
