@@ -152,9 +152,7 @@ pub fn compare(cfg: &EvalConfig, opts: &CompareOptions) -> Result<CompareResults
                     let pool = rayon::ThreadPoolBuilder::new()
                         .num_threads(per_rank)
                         .build()
-                        .map_err(|e| {
-                            EvalError::Config(format!("cannot start compute threads: {e}"))
-                        })?;
+                        .map_err(|e| EvalError::Threads(e.to_string()))?;
                     let r =
                         pool.install(|| compare_on_rank(c, cfg, setup, model, base, opts, started));
                     if let Err(e) = &r {
@@ -229,8 +227,13 @@ fn plan_binding(cfg: &EvalConfig, setup: &RankSetup, base_sha256: &str) -> Bindi
 }
 
 fn sha256(p: &Path) -> Result<String, EvalError> {
-    fingerprint::sha256_file_cached(p)
-        .map_err(|e| EvalError::Config(format!("cannot read {}: {e}", p.display())))
+    fingerprint::sha256_file_cached(p).map_err(|source| EvalError::Io {
+        action: "read",
+        path: p.to_path_buf(),
+        purpose: "",
+        source,
+        hint: "",
+    })
 }
 
 /// Loads the compared model and the base (a model or a base file), checking they fit.

@@ -125,7 +125,7 @@ impl EvalConfig {
                 pp: 1,
             });
         }
-        ParallelDims::resolve(&self.parallel, world).map_err(|e| EvalError::Config(e.to_string()))
+        Ok(ParallelDims::resolve(&self.parallel, world)?)
     }
 }
 

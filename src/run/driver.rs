@@ -210,7 +210,7 @@ pub fn evaluate(cfg: &EvalConfig, opts: &RunOptions) -> Result<Results, EvalErro
                         .thread_name(move |i| format!("ppl-rank{rank}-{i}"))
                         .build()
                         .map_err(|e| {
-                            EvalError::Config(format!("cannot start compute threads: {e}"))
+                            EvalError::Threads(e.to_string())
                         })?;
                     let progress = (c.rank() == 0).then_some(progress);
                     // A panicking rank tells the others at once (they would otherwise wait
@@ -241,7 +241,7 @@ pub fn evaluate(cfg: &EvalConfig, opts: &RunOptions) -> Result<Results, EvalErro
                             panic_message(payload.as_ref())
                         );
                         c.abort(&msg);
-                        Err(EvalError::Config(format!(
+                        Err(EvalError::Panic(format!(
                             "{msg}; the ledger in the run directory keeps every window finished before it (resume with --resume)"
                         )))
                     })

@@ -19,8 +19,30 @@ pub enum EvalError {
     Tokenize(#[from] TokenizeError),
     #[error(transparent)]
     Data(#[from] DataError),
+    /// A configuration this run cannot carry out, with the fix.
     #[error("{0}")]
     Config(String),
+    /// The mesh does not fit the world (`--dp-*`, `--tp`, `--pp`, `--cp` against the ranks).
+    #[error(transparent)]
+    Mesh(#[from] crate::parallel::mesh::MeshError),
+    /// A file or directory could not be read, written or created.
+    #[error("cannot {action} {}{purpose}: {source}{hint}", path.display())]
+    Io {
+        /// E.g. `read`, `create the run directory`.
+        action: &'static str,
+        path: std::path::PathBuf,
+        /// Why it was needed, e.g. ` to fingerprint it` (may be empty).
+        purpose: &'static str,
+        source: std::io::Error,
+        /// The fix, e.g. `; give a writable --run-dir` (may be empty).
+        hint: &'static str,
+    },
+    /// A rank panicked (a bug): reported with the rank instead of tearing the process down.
+    #[error("{0}")]
+    Panic(String),
+    /// The rank's compute threads could not be started.
+    #[error("cannot start compute threads: {0}")]
+    Threads(String),
     #[error(transparent)]
     Agreement(#[from] AgreementError),
     #[error(transparent)]
@@ -53,7 +75,7 @@ pub(crate) fn join_rank<T>(
     h: std::thread::ScopedJoinHandle<'_, Result<T, EvalError>>,
 ) -> Result<T, EvalError> {
     h.join().unwrap_or_else(|payload| {
-        Err(EvalError::Config(format!(
+        Err(EvalError::Panic(format!(
             "a rank thread panicked: {}",
             panic_message(payload.as_ref())
         )))

@@ -119,12 +119,14 @@ pub(crate) fn make_fingerprints(
     tok: &Tokenizer,
     data_sha256: &str,
 ) -> Result<Fingerprints, EvalError> {
-    let model_sha256 = fingerprint::sha256_file_cached(&cfg.model).map_err(|e| {
-        EvalError::Config(format!(
-            "cannot read {} to fingerprint it: {e}",
-            cfg.model.display()
-        ))
-    })?;
+    let model_sha256 =
+        fingerprint::sha256_file_cached(&cfg.model).map_err(|source| EvalError::Io {
+            action: "read",
+            path: cfg.model.clone(),
+            purpose: " to fingerprint it",
+            source,
+            hint: "",
+        })?;
     let scoring = cfg.scoring_json();
     Ok(Fingerprints {
         rank: comm.rank(),

@@ -47,12 +47,14 @@ pub fn run_rank(
     } = *inputs;
     let plan = &setup.prepared.plan;
     let dims = cfg.dims(comm.size())?;
-    let model_sha256 = fingerprint::sha256_file_cached(&cfg.model).map_err(|e| {
-        EvalError::Config(format!(
-            "cannot read {} to fingerprint it: {e}",
-            cfg.model.display()
-        ))
-    })?;
+    let model_sha256 =
+        fingerprint::sha256_file_cached(&cfg.model).map_err(|source| EvalError::Io {
+            action: "read",
+            path: cfg.model.clone(),
+            purpose: " to fingerprint it",
+            source,
+            hint: "",
+        })?;
     let binding = ledger::Binding {
         model_sha256: model_sha256.clone(),
         data_sha256: setup.text_sha256.clone(),

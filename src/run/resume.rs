@@ -76,11 +76,12 @@ fn plan_resume(
         Some(d) => d.clone(),
         None => {
             let root = crate::eval::runs::runs_root();
-            crate::eval::runs::claim_new(&root).map_err(|e| {
-                EvalError::Config(format!(
-                    "cannot create a run directory under {}: {e}; give a writable --run-dir DIR (or set PPL_STATE_DIR)",
-                    root.display()
-                ))
+            crate::eval::runs::claim_new(&root).map_err(|source| EvalError::Io {
+                action: "create a run directory under",
+                path: root.clone(),
+                purpose: "",
+                source,
+                hint: "; give a writable --run-dir DIR (or set PPL_STATE_DIR)",
             })?
         }
     };
@@ -95,17 +96,23 @@ fn plan_resume(
     } else {
         (Vec::new(), Vec::new())
     };
-    std::fs::create_dir_all(dir).map_err(|e| {
-        EvalError::Config(format!(
-            "cannot create the run directory {}: {e}; give a writable --run-dir",
-            dir.display()
-        ))
+    std::fs::create_dir_all(dir).map_err(|source| EvalError::Io {
+        action: "create the run directory",
+        path: dir.clone(),
+        purpose: "",
+        source,
+        hint: "; give a writable --run-dir",
     })?;
     if let Some(yaml) = &opts.config_yaml {
         let path = dir.join("config.yaml");
         if !path.exists() {
-            std::fs::write(&path, yaml)
-                .map_err(|e| EvalError::Config(format!("cannot write {}: {e}", path.display())))?;
+            std::fs::write(&path, yaml).map_err(|source| EvalError::Io {
+                action: "write",
+                path: path.clone(),
+                purpose: "",
+                source,
+                hint: "",
+            })?;
         }
     }
     for n in &notes {
