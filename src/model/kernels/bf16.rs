@@ -31,6 +31,7 @@ use rayon::prelude::*;
 
 use super::half::{reduce, round_to_bf16_bits};
 use super::Isa;
+use crate::model::mapped::MappedBytes;
 
 /// Activation rows per panel (one micro-kernel pass over a weight row yields this many).
 pub const PANEL: usize = 8;
@@ -77,27 +78,79 @@ fn widen(bits: u16) -> f32 {
 pub struct Bf16Matrix {
     n: usize,
     k: usize,
-    bits: Vec<u16>,
+    bits: Bits,
 }
 
+/// Where the weights lie: in the model file's map, used in place (the file's bytes needed no
+/// flushing), or in a copy of ours.
+enum Bits {
+    Mapped(MappedBytes),
+    Owned(Vec<u16>),
+}
+
+impl Bits {
+    fn get(&self) -> &[u16] {
+        match self {
+            // `from_mapped` only keeps maps that read as u16.
+            Bits::Mapped(m) => m.as_u16().unwrap_or_default(),
+            Bits::Owned(v) => v,
+        }
+    }
+}
+
+/// Values flushed or scanned per parallel task at load.
+const LOAD_SPAN: usize = 1 << 16;
+
 impl Bf16Matrix {
-    /// From the little-endian bytes of a `[n, k]` GGUF BF16 tensor.
+    /// From the little-endian bytes of a `[n, k]` GGUF BF16 tensor (copied).
     pub fn from_bytes(bytes: &[u8], n: usize, k: usize) -> Option<Self> {
         if k == 0 || n.checked_mul(k)?.checked_mul(2)? != bytes.len() {
             return None;
         }
         // In parallel and branch-free: at load, this copy of a billion-weight model's bytes
         // was a tenth of a one-chunk evaluation.
-        const SPAN: usize = 1 << 16;
         let mut bits = vec![0u16; n * k];
-        bits.par_chunks_mut(SPAN)
-            .zip(bytes.par_chunks(2 * SPAN))
+        bits.par_chunks_mut(LOAD_SPAN)
+            .zip(bytes.par_chunks(2 * LOAD_SPAN))
             .for_each(|(dst, src)| {
                 for (d, s) in dst.iter_mut().zip(src.chunks_exact(2)) {
                     *d = flush_below(u16::from_le_bytes([s[0], s[1]]), WEIGHT_MIN_EXP);
                 }
             });
-        Some(Self { n, k, bits })
+        Some(Self {
+            n,
+            k,
+            bits: Bits::Owned(bits),
+        })
+    }
+
+    /// From a tensor still in the file's map: used in place when its values need no flushing
+    /// (every real checkpoint: one parallel read of the bytes, no copy, no new memory), else
+    /// as [`Self::from_bytes`].
+    pub fn from_mapped(mapped: &MappedBytes, n: usize, k: usize) -> Option<Self> {
+        if k == 0 || n.checked_mul(k)?.checked_mul(2)? != mapped.bytes().len() {
+            return None;
+        }
+        let Some(values) = mapped.as_u16() else {
+            return Self::from_bytes(mapped.bytes(), n, k);
+        };
+        let needs_flush = values.par_chunks(LOAD_SPAN).any(|span| {
+            span.iter()
+                .fold(false, |any, &b| any | (flush_below(b, WEIGHT_MIN_EXP) != b))
+        });
+        if needs_flush {
+            return Self::from_bytes(mapped.bytes(), n, k);
+        }
+        Some(Self {
+            n,
+            k,
+            bits: Bits::Mapped(mapped.keep()),
+        })
+    }
+
+    /// Whether the weights are used where they lie in the model file's map.
+    pub fn is_in_place(&self) -> bool {
+        matches!(self.bits, Bits::Mapped(_))
     }
 
     pub fn shape(&self) -> (usize, usize) {
@@ -106,12 +159,15 @@ impl Bf16Matrix {
 
     /// Bytes held: two per weight.
     pub fn storage_bytes(&self) -> usize {
-        self.bits.len() * 2
+        self.bits.get().len() * 2
     }
 
     /// Row `j` widened to f32: ggml's dequantization (of the weights as held).
     pub fn dequantize_row(&self, j: usize, out: &mut [f32]) {
-        for (o, &b) in out.iter_mut().zip(&self.bits[j * self.k..(j + 1) * self.k]) {
+        for (o, &b) in out
+            .iter_mut()
+            .zip(&self.bits.get()[j * self.k..(j + 1) * self.k])
+        {
             *o = widen(b);
         }
     }
@@ -192,7 +248,7 @@ impl Bf16Matrix {
         let mut acc = vec![[0f32; PANEL * LANES]; per_block.min(width)];
         for j0 in cols.clone().step_by(per_block) {
             let js = j0..(j0 + per_block).min(cols.end);
-            let w = &self.bits[js.start * self.k..js.end * self.k];
+            let w = &self.bits.get()[js.start * self.k..js.end * self.k];
             let acc = &mut acc[..js.len()];
             for (i, p) in ps.clone().enumerate() {
                 let live = PANEL.min(rows_here - i * PANEL);

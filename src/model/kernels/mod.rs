@@ -94,6 +94,25 @@ pub fn own_matrix(
     Some(m.ok_or_else(|| format!("a malformed {dtype:?} layout for [{n}, {k}]")))
 }
 
+/// [`own_matrix`] for a whole tensor still in the file's map: a kernel that can multiply the
+/// stored bytes as they are (BF16) keeps them there instead of copying them; every other
+/// type is [`own_matrix`] of the bytes.
+pub fn own_matrix_in_place(
+    dtype: GgmlDType,
+    mapped: &crate::model::mapped::MappedBytes,
+    n: usize,
+    k: usize,
+) -> Option<Result<Arc<dyn OwnMatrix>, String>> {
+    match dtype {
+        GgmlDType::BF16 => Some(
+            bf16::Bf16Matrix::from_mapped(mapped, n, k)
+                .map(|m| Arc::new(m) as Arc<dyn OwnMatrix>)
+                .ok_or_else(|| format!("a malformed {dtype:?} layout for [{n}, {k}]")),
+        ),
+        _ => own_matrix(dtype, mapped.bytes(), n, k),
+    }
+}
+
 /// The instruction sets our kernels can use, in increasing order. Every kernel gives the same
 /// bits at every level (an MPI job may mix machines and must still give one answer); the level
 /// only changes the speed.
