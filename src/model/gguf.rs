@@ -260,7 +260,7 @@ impl RopePermute {
 pub struct GgufFile {
     path: PathBuf,
     /// The mapped files: the GGUF file, or the checkpoint's safetensors shards.
-    maps: Vec<Mmap>,
+    maps: Vec<std::sync::Arc<Mmap>>,
     /// For a Hugging Face checkpoint: its tokenizer files.
     pub hf_tokenizer: Option<super::hf::HfTokenizerFiles>,
     pub version: u32,
@@ -579,7 +579,7 @@ impl GgufFile {
         }
         Ok(Self {
             path: path.to_path_buf(),
-            maps: vec![mmap],
+            maps: vec![std::sync::Arc::new(mmap)],
             hf_tokenizer: None,
             version,
             metadata,
@@ -601,7 +601,7 @@ impl GgufFile {
     ) -> Self {
         Self {
             path: path.to_path_buf(),
-            maps,
+            maps: maps.into_iter().map(std::sync::Arc::new).collect(),
             hf_tokenizer,
             version: 3,
             metadata,
@@ -754,6 +754,19 @@ impl GgufFile {
                 }
             },
         ))
+    }
+
+    /// A whole tensor's bytes where they lie in the map, for a kernel that uses them in place
+    /// (`None` for a checkpoint tensor whose rows are reordered at load).
+    pub fn mapped_bytes(&self, info: &TensorInfo) -> Option<super::mapped::MappedBytes> {
+        if info.permute.is_some() {
+            return None;
+        }
+        super::mapped::MappedBytes::new(
+            self.maps.get(info.file)?.clone(),
+            usize::try_from(info.offset).ok()?,
+            usize::try_from(info.size).ok()?,
+        )
     }
 
     /// Drops a tensor's mapped pages from the resident set once its bytes have been copied

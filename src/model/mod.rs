@@ -19,6 +19,7 @@ pub mod hf;
 pub mod hf_write;
 pub mod kernels;
 pub mod llama;
+pub mod mapped;
 pub mod memory;
 pub mod quantize;
 pub mod shard;

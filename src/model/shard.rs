@@ -108,6 +108,9 @@ pub struct RawTensor<'a> {
     pub dtype: GgmlDType,
     pub shape: Vec<usize>,
     pub bytes: Cow<'a, [u8]>,
+    /// The same bytes in the file's map, when they are a whole tensor as stored (a kernel
+    /// may then use them in place).
+    pub mapped: Option<super::mapped::MappedBytes>,
 }
 
 impl RawTensor<'_> {
@@ -116,6 +119,7 @@ impl RawTensor<'_> {
             dtype: self.dtype,
             shape: self.shape,
             bytes: Cow::Owned(self.bytes.into_owned()),
+            mapped: None,
         }
     }
 }
@@ -124,10 +128,15 @@ impl RawTensor<'_> {
 pub fn read<'g>(g: &'g GgufFile, spec: &TensorSpec) -> Result<RawTensor<'g>> {
     let (info, bytes) = g.tensor_data(&spec.name, &spec.shape)?;
     if spec.is_whole() {
+        let mapped = match bytes {
+            Cow::Borrowed(_) => g.mapped_bytes(info),
+            Cow::Owned(_) => None,
+        };
         return Ok(RawTensor {
             dtype: info.dtype,
             shape: spec.shape.clone(),
             bytes,
+            mapped,
         });
     }
     let cols = spec.shape.get(1).copied().unwrap_or(1);
@@ -151,6 +160,7 @@ pub fn read<'g>(g: &'g GgufFile, spec: &TensorSpec) -> Result<RawTensor<'g>> {
         dtype: info.dtype,
         shape: spec.part_shape(),
         bytes: Cow::Owned(out),
+        mapped: None,
     })
 }
 
@@ -345,6 +355,7 @@ impl LayerShard {
                 dtype: e.dtype,
                 shape: e.shape.clone(),
                 bytes: Cow::Owned(bytes[pos..pos + e.len].to_vec()),
+                mapped: None,
             });
             pos += e.len;
         }
@@ -379,6 +390,7 @@ mod tests {
                 dtype: GgmlDType::F32,
                 shape: vec![n],
                 bytes: Cow::Owned((0..n * 4).map(|i| v.wrapping_mul(i as u8)).collect()),
+                mapped: None,
             })
             .collect();
         for parts in 1..6 {

@@ -29,24 +29,14 @@
 
 use rayon::prelude::*;
 
-use super::half::{reduce, round_to_bf16_bits};
+use super::half::round_to_bf16_bits;
 use super::Isa;
+use crate::model::mapped::MappedBytes;
 
-/// Activation rows per panel (one micro-kernel pass over a weight row yields this many).
-pub const PANEL: usize = 8;
-/// Lanes of each output's sum.
-const LANES: usize = 8;
+pub use super::half_driver::PANEL;
+use super::half_driver::{Lanes, PanelKernel, Pass, LANES};
 /// Values per chunk: two per lane.
 const CHUNK: usize = 2 * LANES;
-/// Bytes of weight rows kept in L2 while every panel of a task passes over them.
-const WEIGHT_BLOCK_BYTES: usize = 384 << 10;
-/// Values of a panel's rows kept in L1 (16 KiB) while a block of weight rows passes over them.
-const K_SLICE: usize = 1024;
-/// Below this many panels per thread, the threads split the weight rows rather than the
-/// panels (a split of few panels leaves threads idle).
-const PANELS_PER_THREAD: usize = 8;
-/// Weight rows are blocked in multiples of this (the kernels take two or four at a time).
-const ROW_GROUP: usize = 12;
 /// Smallest biased exponent of a weight kept (2⁻⁶⁴); smaller ones are held as zero.
 const WEIGHT_MIN_EXP: u16 = 127 - 64;
 /// Smallest biased exponent of a rounded activation kept (2⁻⁴⁸).
@@ -77,27 +67,79 @@ fn widen(bits: u16) -> f32 {
 pub struct Bf16Matrix {
     n: usize,
     k: usize,
-    bits: Vec<u16>,
+    bits: Bits,
 }
 
+/// Where the weights lie: in the model file's map, used in place (the file's bytes needed no
+/// flushing), or in a copy of ours.
+enum Bits {
+    Mapped(MappedBytes),
+    Owned(Vec<u16>),
+}
+
+impl Bits {
+    fn get(&self) -> &[u16] {
+        match self {
+            // `from_mapped` only keeps maps that read as u16.
+            Bits::Mapped(m) => m.as_u16().unwrap_or_default(),
+            Bits::Owned(v) => v,
+        }
+    }
+}
+
+/// Values flushed or scanned per parallel task at load.
+const LOAD_SPAN: usize = 1 << 16;
+
 impl Bf16Matrix {
-    /// From the little-endian bytes of a `[n, k]` GGUF BF16 tensor.
+    /// From the little-endian bytes of a `[n, k]` GGUF BF16 tensor (copied).
     pub fn from_bytes(bytes: &[u8], n: usize, k: usize) -> Option<Self> {
         if k == 0 || n.checked_mul(k)?.checked_mul(2)? != bytes.len() {
             return None;
         }
         // In parallel and branch-free: at load, this copy of a billion-weight model's bytes
         // was a tenth of a one-chunk evaluation.
-        const SPAN: usize = 1 << 16;
         let mut bits = vec![0u16; n * k];
-        bits.par_chunks_mut(SPAN)
-            .zip(bytes.par_chunks(2 * SPAN))
+        bits.par_chunks_mut(LOAD_SPAN)
+            .zip(bytes.par_chunks(2 * LOAD_SPAN))
             .for_each(|(dst, src)| {
                 for (d, s) in dst.iter_mut().zip(src.chunks_exact(2)) {
                     *d = flush_below(u16::from_le_bytes([s[0], s[1]]), WEIGHT_MIN_EXP);
                 }
             });
-        Some(Self { n, k, bits })
+        Some(Self {
+            n,
+            k,
+            bits: Bits::Owned(bits),
+        })
+    }
+
+    /// From a tensor still in the file's map: used in place when its values need no flushing
+    /// (every real checkpoint: one parallel read of the bytes, no copy, no new memory), else
+    /// as [`Self::from_bytes`].
+    pub fn from_mapped(mapped: &MappedBytes, n: usize, k: usize) -> Option<Self> {
+        if k == 0 || n.checked_mul(k)?.checked_mul(2)? != mapped.bytes().len() {
+            return None;
+        }
+        let Some(values) = mapped.as_u16() else {
+            return Self::from_bytes(mapped.bytes(), n, k);
+        };
+        let needs_flush = values.par_chunks(LOAD_SPAN).any(|span| {
+            span.iter()
+                .fold(false, |any, &b| any | (flush_below(b, WEIGHT_MIN_EXP) != b))
+        });
+        if needs_flush {
+            return Self::from_bytes(mapped.bytes(), n, k);
+        }
+        Some(Self {
+            n,
+            k,
+            bits: Bits::Mapped(mapped.keep()),
+        })
+    }
+
+    /// Whether the weights are used where they lie in the model file's map.
+    pub fn is_in_place(&self) -> bool {
+        matches!(self.bits, Bits::Mapped(_))
     }
 
     pub fn shape(&self) -> (usize, usize) {
@@ -106,12 +148,15 @@ impl Bf16Matrix {
 
     /// Bytes held: two per weight.
     pub fn storage_bytes(&self) -> usize {
-        self.bits.len() * 2
+        self.bits.get().len() * 2
     }
 
     /// Row `j` widened to f32: ggml's dequantization (of the weights as held).
     pub fn dequantize_row(&self, j: usize, out: &mut [f32]) {
-        for (o, &b) in out.iter_mut().zip(&self.bits[j * self.k..(j + 1) * self.k]) {
+        for (o, &b) in out
+            .iter_mut()
+            .zip(&self.bits.get()[j * self.k..(j + 1) * self.k])
+        {
             *o = widen(b);
         }
     }
@@ -126,96 +171,47 @@ impl Bf16Matrix {
     /// same bits.
     pub fn matmul_at(&self, x: &[f32], m: usize, isa: Isa) -> Vec<f32> {
         let isa = isa.min(cpu_level());
-        let (n, k) = (self.n, self.k);
-        assert_eq!(x.len(), m * k, "activation shape");
-        let mut out = vec![0f32; m * n];
-        if m == 0 || n == 0 {
-            return out;
-        }
-        let a = Panels::pack(x, m, k, isa);
-        let panels = a.panels();
-        let threads = rayon::current_num_threads().max(1);
-        if panels >= PANELS_PER_THREAD * threads {
-            // One contiguous run of panels per thread: each streams the weights through its
-            // cache once per weight block.
-            let per_task = panels.div_ceil(threads);
-            out.par_chunks_mut(per_task * PANEL * n)
-                .enumerate()
-                .for_each(|(t, out)| {
-                    let first = t * per_task;
-                    let count = (out.len() / n).div_ceil(PANEL);
-                    self.block(&a, first..first + count, 0..n, isa, out);
-                });
-        } else {
-            // Few rows: the threads split the weight rows instead.
-            let per_task = n.div_ceil(threads).next_multiple_of(ROW_GROUP);
-            let parts: Vec<(usize, Vec<f32>)> = (0..n)
-                .step_by(per_task)
-                .collect::<Vec<_>>()
-                .into_par_iter()
-                .map(|j0| {
-                    let cols = j0..(j0 + per_task).min(n);
-                    let mut part = vec![0f32; m * cols.len()];
-                    self.block(&a, 0..panels, cols, isa, &mut part);
-                    (j0, part)
-                })
-                .collect();
-            for (j0, part) in parts {
-                let w = part.len() / m;
-                for (row, src) in part.chunks_exact(w).enumerate() {
-                    out[row * n + j0..][..w].copy_from_slice(src);
-                }
-            }
-        }
-        out
+        assert_eq!(x.len(), m * self.k, "activation shape");
+        let a = Panels::pack(x, m, self.k, isa);
+        super::half_driver::matmul(self, &a, m, isa)
+    }
+}
+
+impl PanelKernel for Bf16Matrix {
+    type Panels = Panels;
+    const CHUNK: usize = CHUNK;
+    /// 16 KiB of a panel's rows: L1.
+    const K_SLICE: usize = 1024;
+
+    fn shape(&self) -> (usize, usize) {
+        (self.n, self.k)
     }
 
-    /// The outputs of panels `ps` × weight rows `cols` into `out` (row-major, `cols.len()`
-    /// wide, starting at panel `ps.start`'s first row; rows past the activations absent).
-    /// A block of weight rows stays in L2 while each panel passes over it, a slice of
-    /// [`K_SLICE`] values of the panel in L1 while the block's rows pass; the lane sums wait
-    /// in `acc` between slices (each lane's order of additions is unchanged).
-    fn block(
-        &self,
-        a: &Panels,
-        ps: std::ops::Range<usize>,
-        cols: std::ops::Range<usize>,
-        isa: Isa,
-        out: &mut [f32],
-    ) {
-        let (width, chunks) = (cols.len(), self.k / CHUNK);
-        let rows_here = out.len() / width;
-        let per_block = (WEIGHT_BLOCK_BYTES / (2 * self.k).max(1))
-            .clamp(8 * ROW_GROUP, 16 * ROW_GROUP)
-            / ROW_GROUP
-            * ROW_GROUP;
-        let mut acc = vec![[0f32; PANEL * LANES]; per_block.min(width)];
-        for j0 in cols.clone().step_by(per_block) {
-            let js = j0..(j0 + per_block).min(cols.end);
-            let w = &self.bits[js.start * self.k..js.end * self.k];
-            let acc = &mut acc[..js.len()];
-            for (i, p) in ps.clone().enumerate() {
-                let live = PANEL.min(rows_here - i * PANEL);
-                acc.iter_mut().for_each(|a| a.fill(0.0));
-                let mut job = Job {
-                    w,
-                    k: self.k,
-                    panel: a.panel(p),
-                    chunks: 0..0,
-                    live,
-                };
-                for c0 in (0..chunks).step_by(K_SLICE / CHUNK) {
-                    job.chunks = c0..(c0 + K_SLICE / CHUNK).min(chunks);
-                    accumulate(&job, isa, acc);
-                }
-                for (c, lanes) in acc.iter().enumerate() {
-                    let col = js.start + c - cols.start;
-                    let sums = reduce(lanes, isa);
-                    for (r, &sum) in sums.iter().enumerate().take(live) {
-                        out[(i * PANEL + r) * width + col] = job.finish(sum, c, r);
-                    }
-                }
-            }
+    fn rows(&self, rows: std::ops::Range<usize>) -> &[u16] {
+        &self.bits.get()[rows.start * self.k..rows.end * self.k]
+    }
+
+    fn panel_count(panels: &Panels) -> usize {
+        panels.panels()
+    }
+
+    fn accumulate(&self, pass: &Pass<'_, Panels>, isa: Isa, acc: &mut [Lanes]) {
+        accumulate(&self.job(pass), isa, acc)
+    }
+
+    fn finish(&self, pass: &Pass<'_, Panels>, sum: f32, c: usize, r: usize) -> f32 {
+        self.job(pass).finish(sum, c, r)
+    }
+}
+
+impl Bf16Matrix {
+    fn job<'a>(&self, pass: &Pass<'a, Panels>) -> Job<'a> {
+        Job {
+            w: pass.w,
+            k: self.k,
+            panel: pass.panels.panel(pass.panel),
+            chunks: pass.chunks.clone(),
+            live: pass.live,
         }
     }
 }
@@ -254,7 +250,7 @@ impl Job<'_> {
 
 /// Adds the job's chunks into `acc[c][r·8 + l]` (weight row `c`, panel row `r`, lane `l`) at
 /// level `isa`: every level performs the same operations in the same order.
-fn accumulate(job: &Job<'_>, isa: Isa, acc: &mut [[f32; PANEL * LANES]]) {
+fn accumulate(job: &Job<'_>, isa: Isa, acc: &mut [Lanes]) {
     assert!(acc.len() == job.rows() && job.w.len() == job.rows() * job.k);
     assert!(job.panel.chunks.len() >= job.chunks.end * PANEL * CHUNK);
     #[cfg(target_arch = "x86_64")]
@@ -279,7 +275,7 @@ fn accumulate(job: &Job<'_>, isa: Isa, acc: &mut [[f32; PANEL * LANES]]) {
 }
 
 /// The definition, one lane at a time.
-pub(crate) fn accumulate_portable(job: &Job<'_>, acc: &mut [[f32; PANEL * LANES]]) {
+pub(crate) fn accumulate_portable(job: &Job<'_>, acc: &mut [Lanes]) {
     for (c, acc_c) in acc.iter_mut().enumerate() {
         let w = &job.w[c * job.k..][..job.k];
         for r in 0..job.live {

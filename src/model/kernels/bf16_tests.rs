@@ -40,8 +40,8 @@ fn naive(w: &Bf16Matrix, x: &[f32], m: usize) -> Vec<(f64, f64)> {
         for j in 0..n {
             let (mut s, mut mag) = (0f64, 0f64);
             for e in 0..k {
-                let p =
-                    widen(w.bits[j * k + e]) as f64 * widen(activation_bits(x[row * k + e])) as f64;
+                let p = widen(w.bits.get()[j * k + e]) as f64
+                    * widen(activation_bits(x[row * k + e])) as f64;
                 s += p;
                 mag += p.abs();
             }
@@ -141,6 +141,44 @@ fn zeros_denormals_tiny_values_and_infinities_give_the_same_bits_on_every_path()
             );
         }
     }
+}
+
+#[test]
+fn weights_in_the_file_map_are_used_in_place_with_the_same_bits() {
+    use crate::model::mapped::{tests::map_of, MappedBytes};
+    let mut seed = 0x5eed_f11e;
+    let (n, k, m) = (37, 300, 11);
+    let bytes = random_bytes(n, k, &mut seed);
+    let x = random_x(m * k, &mut seed);
+    let copied = Bf16Matrix::from_bytes(&bytes, n, k).expect("layout");
+    // At an even offset: used in place; the same bits at every level.
+    let mut file = vec![0u8; 32];
+    file.extend_from_slice(&bytes);
+    let mapped = MappedBytes::new(map_of(&file), 32, bytes.len()).expect("inside");
+    let in_place = Bf16Matrix::from_mapped(&mapped, n, k).expect("layout");
+    assert!(in_place.is_in_place() && mapped.is_kept());
+    for isa in levels() {
+        let want = copied.matmul_at(&x, m, isa);
+        assert!(same_bits(&in_place.matmul_at(&x, m, isa), &want), "{isa:?}");
+    }
+    // At an odd offset (not readable as u16): copied, and not kept.
+    let mut odd = vec![0u8; 33];
+    odd.extend_from_slice(&bytes);
+    let mapped = MappedBytes::new(map_of(&odd), 33, bytes.len()).expect("inside");
+    let copy = Bf16Matrix::from_mapped(&mapped, n, k).expect("layout");
+    assert!(!copy.is_in_place() && !mapped.is_kept());
+    assert!(same_bits(&copy.matmul(&x, m), &copied.matmul(&x, m)));
+    // A weight that must be flushed: copied (flushed), not kept.
+    let mut tiny = file.clone();
+    tiny[32 + 2 * 123..][..2].copy_from_slice(&0x9f7fu16.to_le_bytes());
+    let mapped = MappedBytes::new(map_of(&tiny), 32, bytes.len()).expect("inside");
+    let flushed = Bf16Matrix::from_mapped(&mapped, n, k).expect("layout");
+    assert!(!flushed.is_in_place() && !mapped.is_kept());
+    let mut row = vec![0f32; k];
+    flushed.dequantize_row(0, &mut row);
+    assert_eq!(row[123].to_bits(), 0x8000_0000);
+    // A wrong length is refused.
+    assert!(Bf16Matrix::from_mapped(&mapped, n, k + 1).is_none());
 }
 
 #[test]

@@ -27,20 +27,8 @@ use rayon::prelude::*;
 use super::panel::hsum8;
 use super::Isa;
 
-/// Activation rows per panel (one micro-kernel pass over a weight row yields this many).
-pub const PANEL: usize = 8;
-/// Values per chunk: one lane set.
-const LANES: usize = 8;
-/// Bytes of weight rows kept in L2 while every panel of a task passes over them.
-const WEIGHT_BLOCK_BYTES: usize = 384 << 10;
-/// Values of a panel's rows kept in L1 while a block of weight rows passes over them.
-const K_SLICE: usize = 512;
-/// Below this many panels per thread, the threads split the weight rows rather than the
-/// panels (a split of few panels leaves threads idle).
-const PANELS_PER_THREAD: usize = 8;
-/// Weight rows are blocked in multiples of this (AVX2 takes three rows at a time, AVX-512
-/// four).
-const ROW_GROUP: usize = 12;
+pub use super::half_driver::PANEL;
+use super::half_driver::{Lanes, PanelKernel, Pass, LANES};
 
 /// Which 16-bit float the weights (and the rounded activations) are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -136,111 +124,48 @@ impl HalfMatrix {
     /// same bits.
     pub fn matmul_at(&self, x: &[f32], m: usize, isa: Isa) -> Vec<f32> {
         let isa = isa.min(cpu_level());
-        let (n, k) = (self.n, self.k);
-        assert_eq!(x.len(), m * k, "activation shape");
-        let mut out = vec![0f32; m * n];
-        if m == 0 || n == 0 {
-            return out;
-        }
-        let a = Panels::pack(self.kind, x, m, k, isa);
-        let panels = a.panels();
-        let threads = rayon::current_num_threads().max(1);
-        if panels >= PANELS_PER_THREAD * threads {
-            // One contiguous run of panels per thread: each streams the weights through its
-            // cache once per weight block.
-            let per_task = panels.div_ceil(threads);
-            out.par_chunks_mut(per_task * PANEL * n)
-                .enumerate()
-                .for_each(|(t, out)| {
-                    let first = t * per_task;
-                    let count = (out.len() / n).div_ceil(PANEL);
-                    self.block(&a, first..first + count, 0..n, isa, out);
-                });
-        } else {
-            // Few rows: the threads split the weight rows instead (evenly, whatever the number
-            // of panels).
-            let per_task = n.div_ceil(threads).next_multiple_of(ROW_GROUP);
-            let parts: Vec<(usize, Vec<f32>)> = (0..n)
-                .step_by(per_task)
-                .collect::<Vec<_>>()
-                .into_par_iter()
-                .map(|j0| {
-                    let cols = j0..(j0 + per_task).min(n);
-                    let mut part = vec![0f32; m * cols.len()];
-                    self.block(&a, 0..panels, cols, isa, &mut part);
-                    (j0, part)
-                })
-                .collect();
-            for (j0, part) in parts {
-                let w = part.len() / m;
-                for (row, src) in part.chunks_exact(w).enumerate() {
-                    out[row * n + j0..][..w].copy_from_slice(src);
-                }
-            }
-        }
-        out
+        assert_eq!(x.len(), m * self.k, "activation shape");
+        let a = Panels::pack(self.kind, x, m, self.k, isa);
+        super::half_driver::matmul(self, &a, m, isa)
+    }
+}
+
+impl PanelKernel for HalfMatrix {
+    type Panels = Panels;
+    const CHUNK: usize = LANES;
+    /// 16 KiB of a panel's (f32) rows: L1.
+    const K_SLICE: usize = 512;
+
+    fn shape(&self) -> (usize, usize) {
+        (self.n, self.k)
     }
 
-    /// The outputs of panels `ps` × weight rows `cols` into `out` (row-major, `cols.len()`
-    /// wide, starting at panel `ps.start`'s first row; rows past the activations absent).
-    ///
-    /// Blocking: a block of weight rows stays in L2 while each panel passes over it, and
-    /// within a panel a slice of [`K_SLICE`] values of its eight rows stays in L1 while every
-    /// weight row of the block passes; the lane sums wait in `acc` between slices (the order
-    /// of each lane's additions is unchanged).
-    fn block(
-        &self,
-        a: &Panels,
-        ps: std::ops::Range<usize>,
-        cols: std::ops::Range<usize>,
-        isa: Isa,
-        out: &mut [f32],
-    ) {
-        let (width, chunks) = (cols.len(), self.k / LANES);
-        let rows_here = out.len() / width;
-        // At least eight row groups, so that each slice of a panel serves many weight rows
-        // (a block larger than L2 then streams from L3, which keeps up with eight rows'
-        // arithmetic per weight).
-        let per_block = (WEIGHT_BLOCK_BYTES / (2 * self.k).max(1))
-            .clamp(8 * ROW_GROUP, 16 * ROW_GROUP)
-            / ROW_GROUP
-            * ROW_GROUP;
-        let mut acc = vec![[0f32; PANEL * LANES]; per_block.min(width)];
-        for j0 in cols.clone().step_by(per_block) {
-            let js = j0..(j0 + per_block).min(cols.end);
-            let w = &self.bits[js.start * self.k..js.end * self.k];
-            let acc = &mut acc[..js.len()];
-            for (i, p) in ps.clone().enumerate() {
-                let live = PANEL.min(rows_here - i * PANEL);
-                acc.iter_mut().for_each(|a| a.fill(0.0));
-                for c0 in (0..chunks).step_by(K_SLICE / LANES) {
-                    let span = c0..(c0 + K_SLICE / LANES).min(chunks);
-                    let job = Job {
-                        kind: self.kind,
-                        w,
-                        k: self.k,
-                        panel: a.panel(p),
-                        chunks: span,
-                        live,
-                    };
-                    accumulate(&job, isa, acc);
-                }
-                let job = Job {
-                    kind: self.kind,
-                    w,
-                    k: self.k,
-                    panel: a.panel(p),
-                    chunks: 0..0,
-                    live,
-                };
-                for (c, lanes) in acc.iter().enumerate() {
-                    let col = js.start + c - cols.start;
-                    let sums = reduce(lanes, isa);
-                    for (r, &sum) in sums.iter().enumerate().take(live) {
-                        out[(i * PANEL + r) * width + col] = job.finish(sum, c, r);
-                    }
-                }
-            }
+    fn rows(&self, rows: std::ops::Range<usize>) -> &[u16] {
+        &self.bits[rows.start * self.k..rows.end * self.k]
+    }
+
+    fn panel_count(panels: &Panels) -> usize {
+        panels.panels()
+    }
+
+    fn accumulate(&self, pass: &Pass<'_, Panels>, isa: Isa, acc: &mut [Lanes]) {
+        accumulate(&self.job(pass), isa, acc)
+    }
+
+    fn finish(&self, pass: &Pass<'_, Panels>, sum: f32, c: usize, r: usize) -> f32 {
+        self.job(pass).finish(sum, c, r)
+    }
+}
+
+impl HalfMatrix {
+    fn job<'a>(&self, pass: &Pass<'a, Panels>) -> Job<'a> {
+        Job {
+            kind: self.kind,
+            w: pass.w,
+            k: self.k,
+            panel: pass.panels.panel(pass.panel),
+            chunks: pass.chunks.clone(),
+            live: pass.live,
         }
     }
 }
@@ -279,7 +204,7 @@ impl Job<'_> {
 }
 
 /// The eight panel rows' sums of their lanes, each in ggml's `hsum_float_8` order.
-pub(crate) fn reduce(lanes: &[f32; PANEL * LANES], isa: Isa) -> [f32; PANEL] {
+pub(crate) fn reduce(lanes: &Lanes, isa: Isa) -> [f32; PANEL] {
     #[cfg(target_arch = "x86_64")]
     {
         if isa >= Isa::Avx2 {
@@ -293,7 +218,7 @@ pub(crate) fn reduce(lanes: &[f32; PANEL * LANES], isa: Isa) -> [f32; PANEL] {
 
 /// Adds the job's chunks into `acc[c][r·8 + l]` (weight row `c`, panel row `r`, lane `l`) at
 /// level `isa`: every level performs the same fused multiply-adds in the same order.
-fn accumulate(job: &Job<'_>, isa: Isa, acc: &mut [[f32; PANEL * LANES]]) {
+fn accumulate(job: &Job<'_>, isa: Isa, acc: &mut [Lanes]) {
     assert!(acc.len() == job.rows() && job.w.len() == job.rows() * job.k);
     assert!(job.panel.chunks.len() >= job.chunks.end * PANEL * LANES);
     #[cfg(target_arch = "x86_64")]
@@ -314,7 +239,7 @@ fn accumulate(job: &Job<'_>, isa: Isa, acc: &mut [[f32; PANEL * LANES]]) {
 }
 
 /// The definition, one lane at a time.
-pub(crate) fn accumulate_portable(job: &Job<'_>, acc: &mut [[f32; PANEL * LANES]]) {
+pub(crate) fn accumulate_portable(job: &Job<'_>, acc: &mut [Lanes]) {
     for (c, acc_c) in acc.iter_mut().enumerate() {
         let w = &job.w[c * job.k..][..job.k];
         for r in 0..job.live {

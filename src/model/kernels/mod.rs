@@ -19,6 +19,7 @@
 //! - [`bf16`]: BF16 weights kept 16-bit, multiplied in the order of AVX-512 BF16's
 //!   `vdpbf16ps` (two products per lane per instruction where the CPU has it; the other
 //!   levels perform the same FMAs). F16 stays with [`half`].
+//! - [`half_driver`]: the threading and cache blocking shared by [`half`] and [`bf16`].
 //! - [`q4_0`] (Q4_0 × Q8_0): the weights repacked at load into interleaved groups of sixteen
 //!   rows (the file's bytes, reordered), one 32-bit lane per output, on [`panel`]'s panels.
 //! - [`kquant`] (Q4_K, Q5_K and Q6_K × Q8_K): the K-quant types of Q4_K_M / Q5_K_M / Q6_K
@@ -31,6 +32,7 @@
 pub mod attention;
 pub mod bf16;
 pub mod half;
+pub mod half_driver;
 pub mod int8;
 pub mod kquant;
 pub mod math;
@@ -92,6 +94,25 @@ pub fn own_matrix(
         _ => return None,
     };
     Some(m.ok_or_else(|| format!("a malformed {dtype:?} layout for [{n}, {k}]")))
+}
+
+/// [`own_matrix`] for a whole tensor still in the file's map: a kernel that can multiply the
+/// stored bytes as they are (BF16) keeps them there instead of copying them; every other
+/// type is [`own_matrix`] of the bytes.
+pub fn own_matrix_in_place(
+    dtype: GgmlDType,
+    mapped: &crate::model::mapped::MappedBytes,
+    n: usize,
+    k: usize,
+) -> Option<Result<Arc<dyn OwnMatrix>, String>> {
+    match dtype {
+        GgmlDType::BF16 => Some(
+            bf16::Bf16Matrix::from_mapped(mapped, n, k)
+                .map(|m| Arc::new(m) as Arc<dyn OwnMatrix>)
+                .ok_or_else(|| format!("a malformed {dtype:?} layout for [{n}, {k}]")),
+        ),
+        _ => own_matrix(dtype, mapped.bytes(), n, k),
+    }
 }
 
 /// The instruction sets our kernels can use, in increasing order. Every kernel gives the same

@@ -34,7 +34,7 @@ impl Linear {
         kernels: Kernels,
     ) -> Result<Self> {
         if own_kernels(precision, kernels) {
-            if let Some(own) = Self::own(raw.dtype, &raw.bytes, &raw.shape, name)? {
+            if let Some(own) = Self::own(raw, name)? {
                 return Ok(own);
             }
         }
@@ -42,15 +42,33 @@ impl Linear {
         Self::from_qtensor(q, name, precision, device, kernels)
     }
 
-    /// Our kernel for a stored `[n, k]` matrix, if one serves its type.
-    pub(super) fn own(
+    /// Our kernel for a stored `[n, k]` matrix, if one serves its type (on the file's map
+    /// in place where the kernel can use it so).
+    pub(super) fn own(raw: &RawTensor<'_>, name: &str) -> Result<Option<Self>> {
+        let [n, k] = *raw.shape else { return Ok(None) };
+        let own = match &raw.mapped {
+            Some(mapped) => kernels::own_matrix_in_place(raw.dtype, mapped, n, k),
+            None => kernels::own_matrix(raw.dtype, &raw.bytes, n, k),
+        };
+        Self::own_result(own, name)
+    }
+
+    /// [`Self::own`] of bytes held elsewhere (a candle tensor's).
+    pub(super) fn own_of(
         dtype: GgmlDType,
         bytes: &[u8],
         shape: &[usize],
         name: &str,
     ) -> Result<Option<Self>> {
         let [n, k] = *shape else { return Ok(None) };
-        match kernels::own_matrix(dtype, bytes, n, k) {
+        Self::own_result(kernels::own_matrix(dtype, bytes, n, k), name)
+    }
+
+    fn own_result(
+        own: Option<std::result::Result<Arc<dyn OwnMatrix>, String>>,
+        name: &str,
+    ) -> Result<Option<Self>> {
+        match own {
             None => Ok(None),
             Some(Ok(m)) => Ok(Some(Linear::Own(m))),
             Some(Err(detail)) => Err(ModelError::Tensor {
@@ -95,7 +113,7 @@ impl Linear {
         kernels: Kernels,
     ) -> Result<Self> {
         if own_kernels(precision, kernels) {
-            if let Some(own) = Self::own(q.dtype(), &q.data()?, q.shape().dims(), name)? {
+            if let Some(own) = Self::own_of(q.dtype(), &q.data()?, q.shape().dims(), name)? {
                 return Ok(own);
             }
         }
@@ -220,7 +238,7 @@ pub(super) fn own_table(embd: &QTensor, kernels: Kernels) -> Result<Option<Arc<d
     if kernels != Kernels::Own || !matches!(embd.dtype(), GgmlDType::F16 | GgmlDType::BF16) {
         return Ok(None);
     }
-    let own = Linear::own(
+    let own = Linear::own_of(
         embd.dtype(),
         &embd.data()?,
         embd.shape().dims(),
@@ -239,8 +257,12 @@ pub(super) fn dense(q: &QTensor, precision: Precision, device: &Device) -> Resul
         .to_device(device)?)
 }
 
-/// Drops a tensor's mapped pages once its bytes were copied (see [`GgufFile::release`]).
-pub(super) fn release(g: &GgufFile, _copied: &RawTensor<'_>, name: &str) {
+/// Drops a tensor's mapped pages once its bytes were copied (see [`GgufFile::release`]);
+/// not when a kernel uses them in place.
+pub(super) fn release(g: &GgufFile, raw: &RawTensor<'_>, name: &str) {
+    if raw.mapped.as_ref().is_some_and(|m| m.is_kept()) {
+        return;
+    }
     if let Some(info) = g.tensors.get(name) {
         g.release(info);
     }

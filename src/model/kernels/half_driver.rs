@@ -1,0 +1,155 @@
+//! The tiling and threading driver shared by the 16-bit weight kernels ([`super::half`] for
+//! F16, [`super::bf16`] for BF16): how the outputs are split over threads and how weight
+//! rows and activation panels are blocked for the caches. The kernels supply only their
+//! arithmetic ([`PanelKernel`]); neither the split nor the blocking changes any output's
+//! order of operations, so results are the same bits for any thread count.
+
+use std::ops::Range;
+
+use rayon::prelude::*;
+
+use super::Isa;
+
+/// Activation rows per panel (one micro-kernel pass over a weight row yields this many).
+pub const PANEL: usize = 8;
+/// Lanes of each output's sum.
+pub(crate) const LANES: usize = 8;
+/// One weight row's lane sums against the eight panel rows: `[panel row][lane]`.
+pub(crate) type Lanes = [f32; PANEL * LANES];
+/// Bytes of weight rows kept in L2 while every panel of a task passes over them.
+const WEIGHT_BLOCK_BYTES: usize = 384 << 10;
+/// Below this many panels per thread, the threads split the weight rows rather than the
+/// panels (a split of few panels leaves threads idle).
+const PANELS_PER_THREAD: usize = 8;
+/// Weight rows are blocked in multiples of this (the micro-kernels take two, three or four
+/// at a time).
+pub(crate) const ROW_GROUP: usize = 12;
+
+/// One pass of a block of weight rows over a slice of one panel.
+pub(crate) struct Pass<'a, P> {
+    /// The weight rows, back to back (`k` values each).
+    pub w: &'a [u16],
+    /// The packed activations and the panel of them this pass reads.
+    pub panels: &'a P,
+    pub panel: usize,
+    /// The chunks (of [`PanelKernel::CHUNK`] values) this pass adds.
+    pub chunks: Range<usize>,
+    /// Rows of the panel that hold activations.
+    pub live: usize,
+}
+
+/// What a 16-bit kernel supplies to [`matmul`].
+pub(crate) trait PanelKernel: Sync {
+    /// The activations, packed in panels of [`PANEL`] rows.
+    type Panels: Sync;
+    /// Values each lane step takes per weight row.
+    const CHUNK: usize;
+    /// Values of a panel's rows kept in L1 while a block of weight rows passes over them.
+    const K_SLICE: usize;
+    /// `(n, k)`.
+    fn shape(&self) -> (usize, usize);
+    /// Weight rows `rows`, back to back.
+    fn rows(&self, rows: Range<usize>) -> &[u16];
+    fn panel_count(panels: &Self::Panels) -> usize;
+    /// Adds the pass's chunks into `acc[c]` (weight row `c` of the pass) at level `isa`.
+    fn accumulate(&self, pass: &Pass<'_, Self::Panels>, isa: Isa, acc: &mut [Lanes]);
+    /// The output of the pass's weight row `c` and panel row `r` from the sum of its lanes.
+    fn finish(&self, pass: &Pass<'_, Self::Panels>, sum: f32, c: usize, r: usize) -> f32;
+}
+
+/// The `m` packed activation rows times the kernel's matrix transposed: `[m, n]`.
+pub(crate) fn matmul<K: PanelKernel>(kernel: &K, a: &K::Panels, m: usize, isa: Isa) -> Vec<f32> {
+    let n = kernel.shape().0;
+    let mut out = vec![0f32; m * n];
+    if m == 0 || n == 0 {
+        return out;
+    }
+    let panels = K::panel_count(a);
+    let threads = rayon::current_num_threads().max(1);
+    if panels >= PANELS_PER_THREAD * threads {
+        // One contiguous run of panels per thread: each streams the weights through its
+        // cache once per weight block.
+        let per_task = panels.div_ceil(threads);
+        out.par_chunks_mut(per_task * PANEL * n)
+            .enumerate()
+            .for_each(|(t, out)| {
+                let first = t * per_task;
+                let count = (out.len() / n).div_ceil(PANEL);
+                block(kernel, a, first..first + count, 0..n, isa, out);
+            });
+    } else {
+        // Few rows: the threads split the weight rows instead (evenly, whatever the number
+        // of panels).
+        let per_task = n.div_ceil(threads).next_multiple_of(ROW_GROUP);
+        let parts: Vec<(usize, Vec<f32>)> = (0..n)
+            .step_by(per_task)
+            .collect::<Vec<_>>()
+            .into_par_iter()
+            .map(|j0| {
+                let cols = j0..(j0 + per_task).min(n);
+                let mut part = vec![0f32; m * cols.len()];
+                block(kernel, a, 0..panels, cols, isa, &mut part);
+                (j0, part)
+            })
+            .collect();
+        for (j0, part) in parts {
+            let w = part.len() / m;
+            for (row, src) in part.chunks_exact(w).enumerate() {
+                out[row * n + j0..][..w].copy_from_slice(src);
+            }
+        }
+    }
+    out
+}
+
+/// The outputs of panels `ps` × weight rows `cols` into `out` (row-major, `cols.len()` wide,
+/// starting at panel `ps.start`'s first row; rows past the activations absent).
+///
+/// Blocking: a block of weight rows stays in L2 while each panel passes over it, and within a
+/// panel a slice of [`PanelKernel::K_SLICE`] values of its eight rows stays in L1 while every
+/// weight row of the block passes; the lane sums wait in `acc` between slices (the order of
+/// each lane's additions is unchanged).
+fn block<K: PanelKernel>(
+    kernel: &K,
+    a: &K::Panels,
+    ps: Range<usize>,
+    cols: Range<usize>,
+    isa: Isa,
+    out: &mut [f32],
+) {
+    let k = kernel.shape().1;
+    let (width, chunks) = (cols.len(), k / K::CHUNK);
+    let rows_here = out.len() / width;
+    // At least eight row groups, so that each slice of a panel serves many weight rows (a
+    // block larger than L2 then streams from L3, which keeps up with eight rows' arithmetic
+    // per weight).
+    let per_block = (WEIGHT_BLOCK_BYTES / (2 * k).max(1)).clamp(8 * ROW_GROUP, 16 * ROW_GROUP)
+        / ROW_GROUP
+        * ROW_GROUP;
+    let mut acc = vec![[0f32; PANEL * LANES]; per_block.min(width)];
+    for j0 in cols.clone().step_by(per_block) {
+        let js = j0..(j0 + per_block).min(cols.end);
+        let acc = &mut acc[..js.len()];
+        for (i, p) in ps.clone().enumerate() {
+            let mut pass = Pass {
+                w: kernel.rows(js.clone()),
+                panels: a,
+                panel: p,
+                chunks: 0..0,
+                live: PANEL.min(rows_here - i * PANEL),
+            };
+            acc.iter_mut().for_each(|a| a.fill(0.0));
+            for c0 in (0..chunks).step_by(K::K_SLICE / K::CHUNK) {
+                pass.chunks = c0..(c0 + K::K_SLICE / K::CHUNK).min(chunks);
+                kernel.accumulate(&pass, isa, acc);
+            }
+            for (c, lanes) in acc.iter().enumerate() {
+                let col = js.start + c - cols.start;
+                let sums = super::half::reduce(lanes, isa);
+                for (r, &sum) in sums.iter().enumerate().take(pass.live) {
+                    out[(i * PANEL + r) * width + col] = kernel.finish(&pass, sum, c, r);
+                }
+            }
+        }
+    }
+}
