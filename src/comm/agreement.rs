@@ -71,7 +71,7 @@ pub fn differences(a: &Fingerprints, b: &Fingerprints) -> Vec<String> {
 
 /// The collective check; every rank gets the same `Ok` or the same error.
 pub fn check(comm: &dyn Communicator, mine: &Fingerprints) -> Result<(), AgreementError> {
-    let bytes = serde_json::to_vec(mine).expect("fingerprints serialize");
+    let bytes = super::json::encode(mine);
     let verdict: Result<(), String> = match comm.gather(0, bytes)? {
         Some(all) => {
             let mut lines = Vec::new();
@@ -90,12 +90,7 @@ pub fn check(comm: &dyn Communicator, mine: &Fingerprints) -> Result<(), Agreeme
         }
         None => Ok(()),
     };
-    let bytes = comm.broadcast(0, serde_json::to_vec(&verdict).expect("verdict serializes"))?;
-    let verdict: Result<(), String> =
-        serde_json::from_slice(&bytes).map_err(|e| CommError::Protocol {
-            from: 0,
-            detail: e.to_string(),
-        })?;
+    let verdict = super::json::broadcast(comm, 0, Some(&verdict).filter(|_| comm.rank() == 0))?;
     verdict.map_err(AgreementError::Disagree)
 }
 

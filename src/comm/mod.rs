@@ -18,6 +18,7 @@
 pub mod agreement;
 pub mod codec;
 pub mod group;
+pub mod json;
 pub mod launcher;
 pub mod local;
 #[cfg(feature = "mpi")]

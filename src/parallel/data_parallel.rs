@@ -11,6 +11,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use super::schedule::{self, Schedule};
+use crate::comm::json::{decode, encode};
 use crate::comm::{tag, CommError, Communicator};
 use crate::data::Window;
 use crate::eval::ledger::{LedgerError, LedgerWriter};
@@ -179,17 +180,6 @@ impl Clock<'_> {
         self.stats.peak_rss_bytes = crate::fingerprint::peak_rss_bytes();
         self.stats.clone()
     }
-}
-
-fn encode<T: Serialize>(v: &T) -> Vec<u8> {
-    serde_json::to_vec(v).expect("protocol messages serialize")
-}
-
-fn decode<T: for<'de> Deserialize<'de>>(from: usize, b: &[u8]) -> Result<T, CommError> {
-    serde_json::from_slice(b).map_err(|e| CommError::Protocol {
-        from,
-        detail: e.to_string(),
-    })
 }
 
 /// Runs this rank's part. Rank 0 returns everything; other ranks return `None`.

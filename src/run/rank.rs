@@ -12,7 +12,7 @@ use super::prepare::RankSetup;
 use super::results::{self, Assembly, Environment};
 use super::resume::{self, ResumePlan};
 use crate::comm::group::{base, Group, Metered};
-use crate::comm::{CommError, Communicator, TpBackend};
+use crate::comm::{json, Communicator, TpBackend};
 use crate::eval::{ledger, WindowResult};
 use crate::fingerprint;
 use crate::model::{device, DeviceSpec, Llama};
@@ -227,22 +227,9 @@ impl Scoring<'_> {
             compute_s: (runner.figures.busy_s - runner.figures.step_comm_s).max(0.0),
             steps: runner.figures.steps,
         };
-        let all = metered.gather(0, serde_json::to_vec(&me).expect("mesh figures serialize"))?;
-        let Some(all) = all else {
+        let Some(ranks) = json::gather(&metered, 0, &me)? else {
             return Ok((None, None));
         };
-        let ranks = all
-            .iter()
-            .enumerate()
-            .map(|(r, b)| {
-                serde_json::from_slice::<MeshRank>(b).map_err(|e| {
-                    EvalError::Comm(CommError::Protocol {
-                        from: r,
-                        detail: e.to_string(),
-                    })
-                })
-            })
-            .collect::<Result<Vec<_>, _>>()?;
         Ok((
             gathered,
             Some(MeshInfo {

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use super::config::{EvalConfig, RunOptions};
 use super::error::EvalError;
 use super::prepare::RankSetup;
-use crate::comm::{CommError, Communicator};
+use crate::comm::{json, Communicator};
 use crate::eval::{ledger, WindowResult};
 use crate::report::progress::ProgressMode;
 
@@ -23,7 +23,7 @@ pub(crate) fn agree(
     let agreed = if comm.rank() == 0 {
         match plan_resume(cfg, setup, binding, opts) {
             Ok((p, done, notes)) => {
-                comm.broadcast(0, serde_json::to_vec(&p).expect("plans serialize"))?;
+                json::broadcast(comm, 0, Some(&p))?;
                 (p, done, notes)
             }
             Err(e) => {
@@ -32,12 +32,7 @@ pub(crate) fn agree(
             }
         }
     } else {
-        let b = comm.broadcast(0, Vec::new())?;
-        let p: ResumePlan = serde_json::from_slice(&b).map_err(|e| CommError::Protocol {
-            from: 0,
-            detail: e.to_string(),
-        })?;
-        (p, Vec::new(), Vec::new())
+        (json::broadcast(comm, 0, None)?, Vec::new(), Vec::new())
     };
     note_run_dir(&agreed.0.run_dir);
     Ok(agreed)
