@@ -75,9 +75,9 @@ pub fn own_matrix(
         {
             return None
         }
-        GgmlDType::Q4K => boxed(kquant::q4k::Q4KMatrix::from_bytes(bytes, n, k)),
+        GgmlDType::Q4K => boxed(kquant::q4k_rows16::Q4KRows16::from_bytes(bytes, n, k)),
         GgmlDType::Q5K => boxed(kquant::q5k::Q5KMatrix::from_bytes(bytes, n, k)),
-        GgmlDType::Q6K => boxed(kquant::q6k::Q6KMatrix::from_bytes(bytes, n, k)),
+        GgmlDType::Q6K => boxed(kquant::q6k_rows16::Q6KRows16::from_bytes(bytes, n, k)),
         GgmlDType::Q4_1 => boxed(q4_1::Q4_1Matrix::from_bytes(bytes, n, k)),
         GgmlDType::Q5_0 => boxed(int8::Int8Matrix::from_q5_0(bytes, n, k)),
         GgmlDType::Q8_0 => boxed(int8::Int8Matrix::from_q8_0(bytes, n, k)),
