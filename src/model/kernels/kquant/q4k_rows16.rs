@@ -140,7 +140,8 @@ impl Q4KRows16 {
     }
 }
 
-/// Writes one row's super-block into lane `lane` of a group's super-block.
+/// Writes one row's super-block into lane `lane` of a group's super-block (by structure, not
+/// per value: the repacking is part of every model load).
 fn pack_super_block(blk: &Q4KBlock, dst: &mut [u8], lane: usize) {
     dst[2 * lane..2 * lane + 2].copy_from_slice(&blk.d.to_le_bytes());
     dst[DMIN + 2 * lane..DMIN + 2 * lane + 2].copy_from_slice(&blk.dmin.to_le_bytes());
@@ -148,10 +149,12 @@ fn pack_super_block(blk: &Q4KBlock, dst: &mut [u8], lane: usize) {
         dst[SCALES + GROUP * s + lane] = blk.scales[s];
         dst[MINS + GROUP * s + lane] = blk.mins[s];
     }
-    for e in 0..QK_K {
-        let byte = blk.qs[32 * (e / 64) + e % 32];
-        let (at, upper) = value_place(lane, e);
-        dst[at] |= if upper { byte & 0xF0 } else { byte & 0x0F };
+    // Byte `32g + i` of the file holds values `64g + i` (low nibble, sub-block 2g) and
+    // `64g + 32 + i` (high nibble, sub-block 2g + 1): the runs keep the bytes whole.
+    for (g, bytes) in blk.qs.chunks_exact(32).enumerate() {
+        for (t, four) in bytes.chunks_exact(4).enumerate() {
+            dst[NIBBLES + 64 * (8 * g + t) + 4 * lane..][..4].copy_from_slice(four);
+        }
     }
 }
 

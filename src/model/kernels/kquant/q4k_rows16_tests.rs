@@ -31,7 +31,11 @@ fn reference(blk: &[u8], e: usize) -> f64 {
         )
     };
     let byte = blk[16 + 32 * (e / 64) + e % 32];
-    let q = if (e / 32) % 2 == 0 { byte & 15 } else { byte >> 4 };
+    let q = if (e / 32) % 2 == 0 {
+        byte & 15
+    } else {
+        byte >> 4
+    };
     d * scale as f64 * q as f64 - dmin * min as f64
 }
 

@@ -2,8 +2,8 @@
 //! output's sub-block sums form in its own lane; the same exact integers and the same float
 //! operations per output as [`super::group_portable`].
 
-use super::{Job, DMIN, GROUP, GROUP_BLOCK_BYTES, MINS, NIBBLES, SCALES, SUB_BLOCKS};
 use super::SUB_BLOCK_PAIRS;
+use super::{Job, DMIN, GROUP, GROUP_BLOCK_BYTES, MINS, NIBBLES, SCALES, SUB_BLOCKS};
 use crate::model::kernels::panel::PANEL;
 use std::arch::x86_64::*;
 
@@ -140,7 +140,7 @@ pub(super) unsafe fn group_avx2(job: &Job<'_>) -> [[f32; PANEL]; GROUP] {
                 for t in 0..SUB_BLOCK_PAIRS {
                     let min = |s: usize| {
                         _mm256_cvtepu8_epi32(_mm_loadl_epi64(
-                            src.add(MINS + GROUP * s + 8 * half) as *const __m128i,
+                            src.add(MINS + GROUP * s + 8 * half) as *const __m128i
                         ))
                     };
                     let pair = _mm256_or_si256(min(2 * t), _mm256_slli_epi32::<16>(min(2 * t + 1)));

@@ -143,17 +143,26 @@ impl Q6KRows16 {
     }
 }
 
-/// Writes one row's super-block into lane `lane` of a group's super-block.
+/// Writes one row's super-block into lane `lane` of a group's super-block (index arithmetic
+/// by structure, not per value: the repacking is part of every model load).
 fn pack_super_block(blk: &Q6KBlock, dst: &mut [u8], lane: usize) {
     dst[2 * lane..2 * lane + 2].copy_from_slice(&blk.d_bits().to_le_bytes());
     for (s, &scale) in blk.scales().iter().enumerate() {
         dst[SCALES + 16 * s + lane] = scale as u8;
     }
-    for e in 0..QK_K {
-        let v = blk.value(e);
-        let ((nibble, upper), (high, shift)) = value_place(lane, e);
-        dst[nibble] |= if upper { (v & 0x0F) << 4 } else { v & 0x0F };
-        dst[high] |= (v >> 4) << shift;
+    let v: [u8; QK_K] = std::array::from_fn(|e| blk.value(e));
+    for s in 0..SUB_BLOCKS {
+        let v = &v[16 * s..16 * s + 16];
+        for u in 0..2 {
+            let run = &mut dst[NIBBLES + 64 * (2 * s + u) + 4 * lane..][..4];
+            for (c, byte) in run.iter_mut().enumerate() {
+                *byte = (v[4 * u + c] & 0x0F) | ((v[8 + 4 * u + c] & 0x0F) << 4);
+            }
+        }
+        let run = &mut dst[HIGH + 64 * s + 4 * lane..][..4];
+        for (c, byte) in run.iter_mut().enumerate() {
+            *byte = (0..4).fold(0, |acc, t| acc | ((v[4 * t + c] >> 4) << (2 * t)));
+        }
     }
 }
 

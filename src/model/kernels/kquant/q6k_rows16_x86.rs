@@ -61,8 +61,7 @@ pub(super) unsafe fn group_avx512(job: &Job<'_>) -> [[f32; PANEL]; GROUP] {
                     _mm512_and_si512(_mm512_srli_epi16::<2>(h), top),
                 ),
             ];
-            let scale =
-                _mm512_cvtepi8_epi32(_mm_loadu_si128(src.add(SCALES + 16 * s) as *const _));
+            let scale = _mm512_cvtepi8_epi32(_mm_loadu_si128(src.add(SCALES + 16 * s) as *const _));
             for (r, sum) in sums.iter_mut().enumerate() {
                 let i = b * PANEL + r;
                 let mut t = _mm512_set1_epi32(offset(job, i, s));
