@@ -31,7 +31,7 @@ fn reference(blk: &[u8], e: usize) -> f64 {
         )
     };
     let byte = blk[16 + 32 * (e / 64) + e % 32];
-    let q = if (e / 32) % 2 == 0 {
+    let q = if (e / 32).is_multiple_of(2) {
         byte & 15
     } else {
         byte >> 4

@@ -32,21 +32,11 @@ pub struct Q6KBlock {
 impl Q6KBlock {
     /// The unsigned 6-bit value (0..64) of `e`.
     #[inline(always)]
-    pub(crate) fn value(&self, e: usize) -> u8 {
+    fn value(&self, e: usize) -> u8 {
         let (h, i, l) = (e / 128, (e / 32) % 4, e % 32);
         let byte = self.ql[64 * h + 32 * (i % 2) + l];
         let low = if i < 2 { byte & 0x0F } else { byte >> 4 };
         low | (((self.qh[32 * h + l] >> (2 * i)) & 3) << 4)
-    }
-
-    /// The bits of the f16 `d`.
-    pub(crate) fn d_bits(&self) -> u16 {
-        self.d.to_bits()
-    }
-
-    /// The sixteen sub-block scales.
-    pub(crate) fn scales(&self) -> &[i8; 16] {
-        &self.scales
     }
 }
 

@@ -82,7 +82,7 @@ impl Q6KRows16 {
                     let row = &bytes[(g * GROUP + lane) * file_row..][..file_row];
                     for (b, src) in row.chunks_exact(Q6KBlock::FILE_BYTES).enumerate() {
                         let dst = &mut group[b * GROUP_BLOCK_BYTES..][..GROUP_BLOCK_BYTES];
-                        pack_super_block(&Q6KBlock::decode(src), dst, lane);
+                        pack_super_block(src, dst, lane);
                     }
                 }
             });
@@ -143,14 +143,29 @@ impl Q6KRows16 {
     }
 }
 
-/// Writes one row's super-block into lane `lane` of a group's super-block (index arithmetic
-/// by structure, not per value: the repacking is part of every model load).
-fn pack_super_block(blk: &Q6KBlock, dst: &mut [u8], lane: usize) {
-    dst[2 * lane..2 * lane + 2].copy_from_slice(&blk.d_bits().to_le_bytes());
-    for (s, &scale) in blk.scales().iter().enumerate() {
-        dst[SCALES + 16 * s + lane] = scale as u8;
+/// Writes one row's super-block (the file's 210 bytes) into lane `lane` of a group's
+/// super-block, by structure rather than per value: the repacking is part of every load.
+fn pack_super_block(file: &[u8], dst: &mut [u8], lane: usize) {
+    dst[2 * lane..2 * lane + 2].copy_from_slice(&file[208..210]);
+    for (s, &scale) in file[192..208].iter().enumerate() {
+        dst[SCALES + 16 * s + lane] = scale;
     }
-    let v: [u8; QK_K] = std::array::from_fn(|e| blk.value(e));
+    // Value 128h + 32i + l: low bits in the file's byte 64h + 32(i mod 2) + l (high nibble
+    // for i ≥ 2), top bits at bit 2i of byte 128 + 32h + l (as `Q6KBlock::value`).
+    let mut v = [0u8; QK_K];
+    for h in 0..2 {
+        let (ql, qh) = (
+            &file[64 * h..64 * h + 64],
+            &file[128 + 32 * h..128 + 32 * h + 32],
+        );
+        for i in 0..4 {
+            let (out, ql) = (&mut v[128 * h + 32 * i..][..32], &ql[32 * (i % 2)..][..32]);
+            for ((o, &low), &high) in out.iter_mut().zip(ql).zip(qh) {
+                let low = if i < 2 { low & 0x0F } else { low >> 4 };
+                *o = low | (((high >> (2 * i)) & 3) << 4);
+            }
+        }
+    }
     for s in 0..SUB_BLOCKS {
         let v = &v[16 * s..16 * s + 16];
         for u in 0..2 {
