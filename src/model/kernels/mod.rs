@@ -24,7 +24,9 @@
 //!   rows (the file's bytes, reordered), one 32-bit lane per output, on [`panel`]'s panels.
 //! - [`kquant`] (Q4_K, Q5_K and Q6_K × Q8_K): the K-quant types of Q4_K_M / Q5_K_M / Q6_K
 //!   files, on the same panels and driver, holding about the file's bytes (candle repacks
-//!   them into a second copy of about 2.3–2.5× the file's bytes at the first product).
+//!   them into a second copy of about 2.3–2.5× the file's bytes at the first product). Q4_K
+//!   and Q6_K are repacked at load into interleaved groups of sixteen rows as Q4_0 is
+//!   ([`kquant::q4k_rows16`], [`kquant::q6k_rows16`]); Q5_K keeps the panel kernel.
 //! - [`attention`]: causal f32 attention computing only the visible keys, fused from scores to
 //!   values (candle's ops materialised four `[heads, t, t]` tensors per layer).
 //! - [`math`]: a vectorised exponential and SiLU gating (glibc's scalar `expf` was 5–7%).
@@ -77,9 +79,9 @@ pub fn own_matrix(
         {
             return None
         }
-        GgmlDType::Q4K => boxed(kquant::q4k::Q4KMatrix::from_bytes(bytes, n, k)),
+        GgmlDType::Q4K => boxed(kquant::q4k_rows16::Q4KRows16::from_bytes(bytes, n, k)),
         GgmlDType::Q5K => boxed(kquant::q5k::Q5KMatrix::from_bytes(bytes, n, k)),
-        GgmlDType::Q6K => boxed(kquant::q6k::Q6KMatrix::from_bytes(bytes, n, k)),
+        GgmlDType::Q6K => boxed(kquant::q6k_rows16::Q6KRows16::from_bytes(bytes, n, k)),
         GgmlDType::Q4_1 => boxed(q4_1::Q4_1Matrix::from_bytes(bytes, n, k)),
         GgmlDType::Q5_0 => boxed(int8::Int8Matrix::from_q5_0(bytes, n, k)),
         GgmlDType::Q8_0 => boxed(int8::Int8Matrix::from_q8_0(bytes, n, k)),

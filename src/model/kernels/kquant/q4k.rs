@@ -20,12 +20,12 @@ pub type Q4KMatrix = KQuantMatrix<Q4KBlock>;
 #[derive(Clone, Copy)]
 #[repr(C)]
 pub struct Q4KBlock {
-    d: f16,
-    dmin: f16,
-    scales: [u8; 8],
-    mins: [u8; 8],
+    pub(crate) d: f16,
+    pub(crate) dmin: f16,
+    pub(crate) scales: [u8; 8],
+    pub(crate) mins: [u8; 8],
     /// Byte `32g + i`: value `64g + i` in the low nibble, `64g + 32 + i` in the high one.
-    qs: [u8; 128],
+    pub(crate) qs: [u8; 128],
 }
 
 impl SuperBlock for Q4KBlock {

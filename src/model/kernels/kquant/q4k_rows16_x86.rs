@@ -1,0 +1,172 @@
+//! The x86 micro-kernels of [`super`]: one 32-bit lane per weight row of the group, so each
+//! output's sub-block sums form in its own lane; the same exact integers and the same float
+//! operations per output as [`super::group_portable`].
+
+use super::SUB_BLOCK_PAIRS;
+use super::{Job, DMIN, GROUP, GROUP_BLOCK_BYTES, MINS, NIBBLES, SCALES, SUB_BLOCKS};
+use crate::model::kernels::panel::PANEL;
+use std::arch::x86_64::*;
+
+/// Four activation bytes of panel entry `i` (super-block and row), from byte `at`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn activation_word(job: &Job<'_>, i: usize, at: usize) -> i32 {
+    (job.a.qs.as_ptr().add(i) as *const u8)
+        .add(at)
+        .cast::<i32>()
+        .read_unaligned()
+}
+
+/// Row `r`'s activation sums of sub-blocks `2t` and `2t + 1` of super-block `b`, as two i16.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn sub_block_sum_pair(job: &Job<'_>, b: usize, t: usize, r: usize) -> i32 {
+    (job.a.sub_block_sums.as_ptr().add(b * SUB_BLOCK_PAIRS + t) as *const i16)
+        .add(2 * r)
+        .cast::<i32>()
+        .read_unaligned()
+}
+
+/// Sixteen weight rows per 512-bit register; VNNI forms each lane's four products per step,
+/// `vpdpwssd` two sub-blocks' mins terms per step.
+///
+/// # Safety
+/// The CPU must support AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C; the job's lengths were
+/// checked by the caller.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(super) unsafe fn group_avx512(job: &Job<'_>) -> [[f32; PANEL]; GROUP] {
+    let low = _mm512_set1_epi8(0x0F);
+    let mut acc = [_mm512_setzero_ps(); PANEL];
+    let mut acc_min = [_mm512_setzero_ps(); PANEL];
+    for b in 0..job.nb {
+        let src = job.group.as_ptr().add(b * GROUP_BLOCK_BYTES);
+        let mut sums = [_mm512_setzero_si512(); PANEL];
+        for s in 0..SUB_BLOCKS {
+            let runs = src.add(NIBBLES + 512 * (s / 2));
+            let w: [__m512i; 8] = std::array::from_fn(|t| {
+                let raw = _mm512_loadu_si512(runs.add(64 * t) as *const _);
+                if s % 2 == 0 {
+                    _mm512_and_si512(raw, low)
+                } else {
+                    _mm512_and_si512(_mm512_srli_epi16::<4>(raw), low)
+                }
+            });
+            let scale =
+                _mm512_cvtepu8_epi32(_mm_loadu_si128(src.add(SCALES + GROUP * s) as *const _));
+            for (r, sum) in sums.iter_mut().enumerate() {
+                let i = b * PANEL + r;
+                let mut t = _mm512_setzero_si512();
+                for (step, w) in w.iter().enumerate() {
+                    let a = _mm512_set1_epi32(activation_word(job, i, 32 * s + 4 * step));
+                    t = _mm512_dpbusd_epi32(t, *w, a);
+                }
+                *sum = _mm512_add_epi32(*sum, _mm512_mullo_epi32(t, scale));
+            }
+        }
+        let mut mins = [_mm512_setzero_si512(); PANEL];
+        for t in 0..SUB_BLOCK_PAIRS {
+            let min = |s: usize| {
+                _mm512_cvtepu8_epi32(_mm_loadu_si128(src.add(MINS + GROUP * s) as *const _))
+            };
+            let pair = _mm512_or_si512(min(2 * t), _mm512_slli_epi32::<16>(min(2 * t + 1)));
+            for (r, mins) in mins.iter_mut().enumerate() {
+                let a = _mm512_set1_epi32(sub_block_sum_pair(job, b, t, r));
+                *mins = _mm512_dpwssd_epi32(*mins, pair, a);
+            }
+        }
+        let dw = _mm512_cvtph_ps(_mm256_loadu_si256(src as *const __m256i));
+        let dmin = _mm512_cvtph_ps(_mm256_loadu_si256(src.add(DMIN) as *const __m256i));
+        for r in 0..PANEL {
+            let da = _mm512_set1_ps(*job.a.d.get_unchecked(b * PANEL + r));
+            acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(dw, da), _mm512_cvtepi32_ps(sums[r]), acc[r]);
+            acc_min[r] = _mm512_fmadd_ps(
+                _mm512_mul_ps(dmin, da),
+                _mm512_cvtepi32_ps(mins[r]),
+                acc_min[r],
+            );
+        }
+    }
+    let mut rows = [[0f32; GROUP]; PANEL];
+    for (row, (acc, acc_min)) in rows.iter_mut().zip(acc.iter().zip(&acc_min)) {
+        _mm512_storeu_ps(row.as_mut_ptr(), _mm512_sub_ps(*acc, *acc_min));
+    }
+    std::array::from_fn(|lane| std::array::from_fn(|r| rows[r][lane]))
+}
+
+/// Eight weight rows per 256-bit register (the group in two halves), four panel rows per
+/// pass; `maddubs` + `madd` form each lane's four products per step (no saturation: pairs of
+/// a nibble times an activation stay below 2¹⁵), `madd` two sub-blocks' mins terms.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C; the job's lengths were checked by the caller.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn group_avx2(job: &Job<'_>) -> [[f32; PANEL]; GROUP] {
+    const ROWS: usize = 4;
+    let low = _mm256_set1_epi8(0x0F);
+    let ones = _mm256_set1_epi16(1);
+    let mut out = [[0f32; PANEL]; GROUP];
+    for half in 0..2 {
+        for r0 in (0..PANEL).step_by(ROWS) {
+            let mut acc = [_mm256_setzero_ps(); ROWS];
+            let mut acc_min = [_mm256_setzero_ps(); ROWS];
+            for b in 0..job.nb {
+                let src = job.group.as_ptr().add(b * GROUP_BLOCK_BYTES);
+                let mut sums = [_mm256_setzero_si256(); ROWS];
+                for s in 0..SUB_BLOCKS {
+                    let runs = src.add(NIBBLES + 512 * (s / 2) + 32 * half);
+                    let w: [__m256i; 8] = std::array::from_fn(|t| {
+                        let raw = _mm256_loadu_si256(runs.add(64 * t) as *const __m256i);
+                        if s % 2 == 0 {
+                            _mm256_and_si256(raw, low)
+                        } else {
+                            _mm256_and_si256(_mm256_srli_epi16::<4>(raw), low)
+                        }
+                    });
+                    let scale = _mm256_cvtepu8_epi32(_mm_loadl_epi64(
+                        src.add(SCALES + GROUP * s + 8 * half) as *const __m128i,
+                    ));
+                    for (dr, sum) in sums.iter_mut().enumerate() {
+                        let i = b * PANEL + r0 + dr;
+                        let mut t = _mm256_setzero_si256();
+                        for (step, w) in w.iter().enumerate() {
+                            let a = _mm256_set1_epi32(activation_word(job, i, 32 * s + 4 * step));
+                            let pairs = _mm256_maddubs_epi16(*w, a);
+                            t = _mm256_add_epi32(t, _mm256_madd_epi16(pairs, ones));
+                        }
+                        *sum = _mm256_add_epi32(*sum, _mm256_mullo_epi32(t, scale));
+                    }
+                }
+                let mut mins = [_mm256_setzero_si256(); ROWS];
+                for t in 0..SUB_BLOCK_PAIRS {
+                    let min = |s: usize| {
+                        _mm256_cvtepu8_epi32(_mm_loadl_epi64(
+                            src.add(MINS + GROUP * s + 8 * half) as *const __m128i
+                        ))
+                    };
+                    let pair = _mm256_or_si256(min(2 * t), _mm256_slli_epi32::<16>(min(2 * t + 1)));
+                    for (dr, mins) in mins.iter_mut().enumerate() {
+                        let a = _mm256_set1_epi32(sub_block_sum_pair(job, b, t, r0 + dr));
+                        *mins = _mm256_add_epi32(*mins, _mm256_madd_epi16(pair, a));
+                    }
+                }
+                let dw = _mm256_cvtph_ps(_mm_loadu_si128(src.add(16 * half) as *const __m128i));
+                let dmin =
+                    _mm256_cvtph_ps(_mm_loadu_si128(src.add(DMIN + 16 * half) as *const __m128i));
+                for dr in 0..ROWS {
+                    let da = _mm256_set1_ps(*job.a.d.get_unchecked(b * PANEL + r0 + dr));
+                    let (d, m) = (_mm256_mul_ps(dw, da), _mm256_mul_ps(dmin, da));
+                    acc[dr] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sums[dr]), acc[dr]);
+                    acc_min[dr] = _mm256_fmadd_ps(m, _mm256_cvtepi32_ps(mins[dr]), acc_min[dr]);
+                }
+            }
+            for dr in 0..ROWS {
+                let mut lanes = [0f32; 8];
+                _mm256_storeu_ps(lanes.as_mut_ptr(), _mm256_sub_ps(acc[dr], acc_min[dr]));
+                for (l, v) in lanes.iter().enumerate() {
+                    out[8 * half + l][r0 + dr] = *v;
+                }
+            }
+        }
+    }
+    out
+}

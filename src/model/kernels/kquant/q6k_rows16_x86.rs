@@ -1,0 +1,160 @@
+//! The x86 micro-kernels of [`super`]: one 32-bit lane per weight row of the group, so each
+//! output's sub-block sums form in its own lane; the same exact integers and the same float
+//! operations per output as [`super::group_portable`].
+
+use super::{Job, GROUP, GROUP_BLOCK_BYTES, HIGH, NIBBLES, SCALES, SUB_BLOCKS};
+use crate::model::kernels::panel::PANEL;
+use std::arch::x86_64::*;
+
+/// Four activation bytes of panel entry `i` (super-block and row), from byte `at`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn activation_word(job: &Job<'_>, i: usize, at: usize) -> i32 {
+    (job.a.qs.as_ptr().add(i) as *const u8)
+        .add(at)
+        .cast::<i32>()
+        .read_unaligned()
+}
+
+/// The start of sub-block `s`'s sum for panel entry `i`: the −32 offset of the values through
+/// the activation sum (|32·bsum| ≤ 32·16·127, far from overflow with the products added).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn offset(job: &Job<'_>, i: usize, s: usize) -> i32 {
+    -32 * *job.a.bsums.get_unchecked(i).get_unchecked(s) as i32
+}
+
+/// Sixteen weight rows per 512-bit register; VNNI forms each lane's four products per step.
+///
+/// # Safety
+/// The CPU must support AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C; the job's lengths were
+/// checked by the caller.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(super) unsafe fn group_avx512(job: &Job<'_>) -> [[f32; PANEL]; GROUP] {
+    let low = _mm512_set1_epi8(0x0F);
+    let top = _mm512_set1_epi8(0x30);
+    let mut acc = [_mm512_setzero_ps(); PANEL];
+    for b in 0..job.nb {
+        let src = job.group.as_ptr().add(b * GROUP_BLOCK_BYTES);
+        let mut sums = [_mm512_setzero_si512(); PANEL];
+        for s in 0..SUB_BLOCKS {
+            let n0 = _mm512_loadu_si512(src.add(NIBBLES + 128 * s) as *const _);
+            let n1 = _mm512_loadu_si512(src.add(NIBBLES + 128 * s + 64) as *const _);
+            let h = _mm512_loadu_si512(src.add(HIGH + 64 * s) as *const _);
+            // Step t: values 16s + 4t .. + 4 of every row; 16-bit shifts, whatever crosses
+            // a byte boundary is masked off.
+            let w = [
+                _mm512_or_si512(
+                    _mm512_and_si512(n0, low),
+                    _mm512_and_si512(_mm512_slli_epi16::<4>(h), top),
+                ),
+                _mm512_or_si512(
+                    _mm512_and_si512(n1, low),
+                    _mm512_and_si512(_mm512_slli_epi16::<2>(h), top),
+                ),
+                _mm512_or_si512(
+                    _mm512_and_si512(_mm512_srli_epi16::<4>(n0), low),
+                    _mm512_and_si512(h, top),
+                ),
+                _mm512_or_si512(
+                    _mm512_and_si512(_mm512_srli_epi16::<4>(n1), low),
+                    _mm512_and_si512(_mm512_srli_epi16::<2>(h), top),
+                ),
+            ];
+            let scale = _mm512_cvtepi8_epi32(_mm_loadu_si128(src.add(SCALES + 16 * s) as *const _));
+            for (r, sum) in sums.iter_mut().enumerate() {
+                let i = b * PANEL + r;
+                let mut t = _mm512_set1_epi32(offset(job, i, s));
+                for (step, w) in w.iter().enumerate() {
+                    let a = _mm512_set1_epi32(activation_word(job, i, 16 * s + 4 * step));
+                    t = _mm512_dpbusd_epi32(t, *w, a);
+                }
+                *sum = _mm512_add_epi32(*sum, _mm512_mullo_epi32(t, scale));
+            }
+        }
+        let dw = _mm512_cvtph_ps(_mm256_loadu_si256(src as *const __m256i));
+        for (r, (acc, sum)) in acc.iter_mut().zip(&sums).enumerate() {
+            let da = _mm512_set1_ps(*job.a.d.get_unchecked(b * PANEL + r));
+            *acc = _mm512_fmadd_ps(_mm512_mul_ps(dw, da), _mm512_cvtepi32_ps(*sum), *acc);
+        }
+    }
+    let mut rows = [[0f32; GROUP]; PANEL];
+    for (row, acc) in rows.iter_mut().zip(&acc) {
+        _mm512_storeu_ps(row.as_mut_ptr(), *acc);
+    }
+    std::array::from_fn(|lane| std::array::from_fn(|r| rows[r][lane]))
+}
+
+/// Eight weight rows per 256-bit register (the group in two halves), four panel rows per
+/// pass; `maddubs` + `madd` form each lane's four products per step (no saturation: pairs of
+/// a 6-bit value times an activation stay below 2¹⁵).
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C; the job's lengths were checked by the caller.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn group_avx2(job: &Job<'_>) -> [[f32; PANEL]; GROUP] {
+    const ROWS: usize = 4;
+    let low = _mm256_set1_epi8(0x0F);
+    let top = _mm256_set1_epi8(0x30);
+    let ones = _mm256_set1_epi16(1);
+    let mut out = [[0f32; PANEL]; GROUP];
+    for half in 0..2 {
+        for r0 in (0..PANEL).step_by(ROWS) {
+            let mut acc = [_mm256_setzero_ps(); ROWS];
+            for b in 0..job.nb {
+                let src = job.group.as_ptr().add(b * GROUP_BLOCK_BYTES);
+                let mut sums = [_mm256_setzero_si256(); ROWS];
+                for s in 0..SUB_BLOCKS {
+                    let at = |offset: usize| src.add(offset + 32 * half) as *const __m256i;
+                    let n0 = _mm256_loadu_si256(at(NIBBLES + 128 * s));
+                    let n1 = _mm256_loadu_si256(at(NIBBLES + 128 * s + 64));
+                    let h = _mm256_loadu_si256(at(HIGH + 64 * s));
+                    let w = [
+                        _mm256_or_si256(
+                            _mm256_and_si256(n0, low),
+                            _mm256_and_si256(_mm256_slli_epi16::<4>(h), top),
+                        ),
+                        _mm256_or_si256(
+                            _mm256_and_si256(n1, low),
+                            _mm256_and_si256(_mm256_slli_epi16::<2>(h), top),
+                        ),
+                        _mm256_or_si256(
+                            _mm256_and_si256(_mm256_srli_epi16::<4>(n0), low),
+                            _mm256_and_si256(h, top),
+                        ),
+                        _mm256_or_si256(
+                            _mm256_and_si256(_mm256_srli_epi16::<4>(n1), low),
+                            _mm256_and_si256(_mm256_srli_epi16::<2>(h), top),
+                        ),
+                    ];
+                    let scale = _mm256_cvtepi8_epi32(_mm_loadl_epi64(
+                        src.add(SCALES + 16 * s + 8 * half) as *const __m128i,
+                    ));
+                    for (dr, sum) in sums.iter_mut().enumerate() {
+                        let i = b * PANEL + r0 + dr;
+                        let mut t = _mm256_set1_epi32(offset(job, i, s));
+                        for (step, w) in w.iter().enumerate() {
+                            let a = _mm256_set1_epi32(activation_word(job, i, 16 * s + 4 * step));
+                            let pairs = _mm256_maddubs_epi16(*w, a);
+                            t = _mm256_add_epi32(t, _mm256_madd_epi16(pairs, ones));
+                        }
+                        *sum = _mm256_add_epi32(*sum, _mm256_mullo_epi32(t, scale));
+                    }
+                }
+                let dw = _mm256_cvtph_ps(_mm_loadu_si128(src.add(16 * half) as *const __m128i));
+                for (dr, (acc, sum)) in acc.iter_mut().zip(&sums).enumerate() {
+                    let da = _mm256_set1_ps(*job.a.d.get_unchecked(b * PANEL + r0 + dr));
+                    *acc = _mm256_fmadd_ps(_mm256_mul_ps(dw, da), _mm256_cvtepi32_ps(*sum), *acc);
+                }
+            }
+            for (dr, acc) in acc.iter().enumerate() {
+                let mut lanes = [0f32; 8];
+                _mm256_storeu_ps(lanes.as_mut_ptr(), *acc);
+                for (l, v) in lanes.iter().enumerate() {
+                    out[8 * half + l][r0 + dr] = *v;
+                }
+            }
+        }
+    }
+    out
+}
