@@ -22,14 +22,8 @@ pub use accumulator::NllAccumulator;
 use crate::data::Window;
 use crate::model::{Llama, ModelError};
 
-/// Rows of hidden states projected onto the vocabulary at once: bounds the logits buffer
-/// (64 × 49,152 × 4 bytes ≈ 12.6 MB for SmolLM2, held twice while it is read out) whatever
-/// the batch size. 256 rows cost 100 MB of peak memory and were no faster.
-pub const LOGIT_ROWS: usize = 64;
-
-/// The same bound on a GPU, where a larger block keeps the device busy: 1024 rows of f32
-/// logits plus their f64 log-softmax are ~0.6 GB for SmolLM2's vocabulary.
-pub const DEVICE_LOGIT_ROWS: usize = 1024;
+/// How many rows of logits exist at once (defined beside the planner that budgets them).
+pub use crate::model::memory::{DEVICE_LOGIT_ROWS, LOGIT_ROWS};
 
 /// The exact outcome of one window.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]

@@ -16,7 +16,15 @@ use std::path::Path;
 
 use super::gguf::GgufFile;
 use super::{LlamaConfig, Partition, Precision};
-use crate::eval::LOGIT_ROWS;
+
+/// Rows of hidden states projected onto the vocabulary at once: bounds the logits buffer
+/// (64 × 49,152 × 4 bytes ≈ 12.6 MB for SmolLM2, held twice while it is read out) whatever
+/// the batch size. 256 rows cost 100 MB of peak memory and were no faster.
+pub const LOGIT_ROWS: usize = 64;
+
+/// The same bound on a GPU, where a larger block keeps the device busy: 1024 rows of f32
+/// logits plus their f64 log-softmax are ~0.6 GB for SmolLM2's vocabulary.
+pub const DEVICE_LOGIT_ROWS: usize = 1024;
 
 /// Fixed cost of the process: code, allocator arenas, thread stacks, text and token ids.
 const BASELINE: u64 = 30 << 20;
