@@ -111,7 +111,7 @@ impl EvalConfig {
     /// changes a value, so a run can resume on another mesh; tensor parallelism and lossy
     /// activation compression do change values and are kept.
     fn values_json(&self, dims: &ParallelDims) -> String {
-        let lossy = dims.tp > 1 || dims.pp > 1;
+        let lossy = dims.tp > 1 || dims.pp > 1 || dims.cp > 1;
         let mut values = serde_json::json!({
             "method": self.method,
             "ctx": self.ctx,
@@ -126,6 +126,10 @@ impl EvalConfig {
         // Only named when set, so that ledgers written before tasks existed still resume.
         if let Some(task) = self.task {
             values["task"] = task.name.to_string().into();
+        }
+        // Ring attention sums in another order (named only when used, as above).
+        if dims.cp > 1 {
+            values["cp"] = dims.cp.into();
         }
         // A GPU's sums differ from the CPU's in the last bits: no mixing in one ledger. (Only
         // named when set, so that CPU ledgers written before GPUs existed still resume.)
@@ -206,7 +210,22 @@ pub fn check_plan(
 ) -> Result<(), EvalError> {
     check_mesh(dims, g, mc, cfg.quantize.as_ref())?;
     check_precision(cfg, dims)?;
+    check_context_parallel(cfg, dims)?;
     check_device(cfg, dims)
+}
+
+/// `--cp`: whole chunks of equal windows (see [`crate::parallel::context_parallel`]).
+fn check_context_parallel(cfg: &EvalConfig, dims: &ParallelDims) -> Result<(), EvalError> {
+    if dims.cp == 1 {
+        return Ok(());
+    }
+    if cfg.method != Method::Chunks || cfg.task.is_some() {
+        return Err(EvalError::Config(format!(
+            "--cp {} works with --method chunks only: stride and rolling windows (and --task) differ in length, so they do not cut into 2·cp equal chunks; use --method chunks, or --cp 1",
+            dims.cp
+        )));
+    }
+    crate::parallel::context_parallel::check_window(dims.cp, cfg.ctx, "--ctx").map_err(EvalError::Config)
 }
 
 /// bf16/f16 activations run on whole models only: the model-parallel paths exchange f32.

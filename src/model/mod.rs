@@ -21,6 +21,7 @@ pub mod kernels;
 pub mod llama;
 pub mod memory;
 pub mod quantize;
+pub mod ring_attention;
 pub mod shard;
 pub mod synth;
 
