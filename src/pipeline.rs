@@ -773,6 +773,8 @@ pub fn run_rank(
             comm_s: traffic.seconds,
             compute_s: (runner.figures.busy_s - runner.figures.step_comm_s).max(0.0),
             steps: runner.figures.steps,
+            ring_bytes_sent: runner.ring.bytes(),
+            ring_s: runner.ring.seconds(),
         };
         let all = metered.gather(0, serde_json::to_vec(&me).expect("mesh figures serialize"))?;
         let Some(all) = all else {

@@ -115,7 +115,7 @@ pub fn block_partial(
             for (j, &e) in (start..end).zip(scores.iter()) {
                 sum += e;
                 let vrow = &v[kv + j * d..kv + (j + 1) * d];
-                out.iter_mut().zip(vrow).for_each(|(o, &x)| *o = e.mul_add(x, *o));
+                out.iter_mut().zip(vrow).for_each(|(o, &x)| *o += e * x);
             }
             *m = max;
             *l = sum;
@@ -124,19 +124,20 @@ pub fn block_partial(
 }
 
 /// A dot product in a fixed order: eight interleaved chains over the elements, then the
-/// chains summed in order (vectorisable, and the same bits on every run).
+/// chains summed in order (vectorisable, and the same bits on every run). Plain multiply and
+/// add, not `mul_add`: without FMA enabled at compile time that is a slow library call.
 fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0f32; 8];
     let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
     let (ar, br) = (ac.remainder(), bc.remainder());
     for (x, y) in ac.zip(bc) {
         for i in 0..8 {
-            acc[i] = x[i].mul_add(y[i], acc[i]);
+            acc[i] += x[i] * y[i];
         }
     }
     let mut s = acc.iter().sum::<f32>();
     for (x, y) in ar.iter().zip(br) {
-        s = x.mul_add(*y, s);
+        s += x * y;
     }
     s
 }
@@ -169,7 +170,7 @@ pub fn merge_partials(parts: &[Partial], shape: AttentionShape, tq: usize) -> Ve
                     let po = &p.o[row * d..(row + 1) * d];
                     acc.iter_mut()
                         .zip(po)
-                        .for_each(|(a, &x)| *a = x.mul_add(new, *a * old));
+                        .for_each(|(a, &x)| *a = *a * old + x * new);
                     m = m_new;
                 }
                 if l > 0.0 {
