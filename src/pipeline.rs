@@ -142,6 +142,13 @@ impl EvalConfig {
         values.to_string()
     }
 
+    /// Positions of a window one rank holds: `ctx`, or `ctx / cp` under context parallelism
+    /// (what its activations and keys/values scale with, for the memory planner).
+    pub fn positions_per_rank(&self) -> usize {
+        let cp = self.parallel.cp.unwrap_or(1).max(1) as usize;
+        self.ctx / cp
+    }
+
     /// The mesh for a world of `world` ranks: plain data parallelism (every rank a whole
     /// replica) unless a parallel degree was given, then torchtune's rules.
     pub fn dims(&self, world: usize) -> Result<ParallelDims, EvalError> {
@@ -225,7 +232,8 @@ fn check_context_parallel(cfg: &EvalConfig, dims: &ParallelDims) -> Result<(), E
             dims.cp
         )));
     }
-    crate::parallel::context_parallel::check_window(dims.cp, cfg.ctx, "--ctx").map_err(EvalError::Config)
+    crate::parallel::context_parallel::check_window(dims.cp, cfg.ctx, "--ctx")
+        .map_err(EvalError::Config)
 }
 
 /// bf16/f16 activations run on whole models only: the model-parallel paths exchange f32.
@@ -1097,7 +1105,7 @@ fn plan_memory(
             &setup.mc,
             precision,
             batch,
-            cfg.ctx,
+            cfg.positions_per_rank(),
             ranks,
             setup.tok.vocab_size,
             parts,

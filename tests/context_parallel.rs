@@ -34,7 +34,10 @@ fn assert_close(single: &Results, split: &Results, what: &str) {
         split.ppl,
         single.ppl
     );
-    assert_eq!(split.tokens, single.tokens, "{what}: every position scored once");
+    assert_eq!(
+        split.tokens, single.tokens,
+        "{what}: every position scored once"
+    );
     assert_eq!(split.windows.len(), single.windows.len());
     for (a, b) in split.windows.iter().zip(&single.windows) {
         assert_eq!((a.index, a.tokens), (b.index, b.tokens), "{what}");
@@ -96,14 +99,16 @@ fn cp_composes_with_data_and_pipeline_parallelism_to_the_bit() {
         common::assert_same_numbers(&cp, &r);
     }
     let dp = short(&["--ranks", "4", "--cp", "2", "--dp-replicate", "2"]);
-    assert_eq!(dp.ranks.len(), 2, "two replicas in the data-parallel protocol");
+    assert_eq!(
+        dp.ranks.len(),
+        2,
+        "two replicas in the data-parallel protocol"
+    );
     let mesh = dp.mesh.as_ref().unwrap();
     // Each replica's ranks sent their blocks for the windows that replica scored.
     let ring: u64 = mesh.ranks.iter().map(|r| r.ring_bytes_sent).sum();
     assert_eq!(ring, 4 * 2 * ring_bytes_per_window(256, 2, 4));
-    assert!(mesh
-        .layout
-        .contains("replica 0: stage 0: ranks 0,1"));
+    assert!(mesh.layout.contains("replica 0: stage 0: ranks 0,1"));
 }
 
 #[test]
@@ -111,7 +116,12 @@ fn compressed_keys_and_values_halve_the_ring_and_stay_close() {
     let exact = short(&["--ranks", "2", "--cp", "2"]);
     let bf16 = short(&["--ranks", "2", "--cp", "2", "--comm-dtype", "bf16"]);
     let rel = relative(bf16.ppl, exact.ppl);
-    assert!(rel < 2e-2, "bf16 ring: {} vs {} ({rel:e})", bf16.ppl, exact.ppl);
+    assert!(
+        rel < 2e-2,
+        "bf16 ring: {} vs {} ({rel:e})",
+        bf16.ppl,
+        exact.ppl
+    );
     assert_ne!(bf16.ppl.to_bits(), exact.ppl.to_bits(), "bf16 is lossy");
     for r in &bf16.mesh.as_ref().unwrap().ranks {
         assert_eq!(r.ring_bytes_sent, 4 * ring_bytes_per_window(256, 2, 2));
@@ -135,7 +145,7 @@ fn windows_that_do_not_cut_into_chunks_are_refused_before_loading() {
         ),
         (
             &["--ranks", "3", "--cp", "2"],
-            "= 2 ranks, but the world has 3",
+            "world size 3 is not divisible by dp_replicate·cp·tp·pp = 2",
         ),
         (&["--ranks", "2", "--cp", "0"], "at least 1"),
     ];
@@ -202,7 +212,10 @@ mod mpi {
         assert_close(&single, &cp3, "mpirun cp 3, ctx 1536");
 
         let cp = short(&["--ranks", "2", "--cp", "2"]);
-        for extra in [&["--cp", "2", "--dp-replicate", "2"][..], &["--cp", "2", "--pp", "2"][..]] {
+        for extra in [
+            &["--cp", "2", "--dp-replicate", "2"][..],
+            &["--cp", "2", "--pp", "2"][..],
+        ] {
             let r = mpirun_eval("4", &workload("256", "4", extra));
             common::assert_same_numbers(&cp, &r);
         }

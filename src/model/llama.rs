@@ -703,7 +703,9 @@ impl Attention {
         let (qf, kf, vf) = (f32s(q)?, f32s(k)?, f32s(v)?);
         let y = with_f32(&qf, |q| {
             with_f32(&kf, |k| {
-                with_f32(&vf, |v| cp.attend((q, k, v), shape, self.scale as f32, window))
+                with_f32(&vf, |v| {
+                    cp.attend((q, k, v), shape, self.scale as f32, window)
+                })
             })
         })????;
         Ok(Tensor::from_vec(y, (b, t, self.n_heads * d), q.device())?.to_dtype(q.dtype())?)
@@ -885,7 +887,10 @@ impl Block {
             }
         };
         // The post-norms act on the whole (all-reduced) branch output.
-        let a = cc.reduce(self.attn.forward(&self.attn_norm.forward(x)?, rope, mask, cc)?)?;
+        let a = cc.reduce(
+            self.attn
+                .forward(&self.attn_norm.forward(x)?, rope, mask, cc)?,
+        )?;
         let h = (x + post(a, &self.post_attn_norm)?)?;
         let m = cc.reduce(self.mlp.forward(&self.ffn_norm.forward(&h)?)?)?;
         Ok((&h + post(m, &self.post_ffn_norm)?)?)
@@ -944,7 +949,10 @@ impl Rope {
             Some(cp) => {
                 let ids: Vec<u32> = cp.positions().iter().map(|&p| p as u32).collect();
                 let ids = Tensor::from_vec(ids, t, self.cos.device())?;
-                (self.cos.index_select(&ids, 0)?, self.sin.index_select(&ids, 0)?)
+                (
+                    self.cos.index_select(&ids, 0)?,
+                    self.sin.index_select(&ids, 0)?,
+                )
             }
             None => (self.cos.narrow(0, 0, t)?, self.sin.narrow(0, 0, t)?),
         };

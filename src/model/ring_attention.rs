@@ -107,7 +107,8 @@ pub fn block_partial(
             }
             let qrow = &q[row * d..(row + 1) * d];
             scores.clear();
-            scores.extend((start..end).map(|j| dot(qrow, &k[kv + j * d..kv + (j + 1) * d]) * scale));
+            scores
+                .extend((start..end).map(|j| dot(qrow, &k[kv + j * d..kv + (j + 1) * d]) * scale));
             let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
             scores.iter_mut().for_each(|s| *s -= max);
             math::exp_in_place(scores);
@@ -238,10 +239,14 @@ mod tests {
 
     /// Deterministic pseudo-random values in [-2, 2).
     fn values(n: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let mut s = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         (0..n)
             .map(|_| {
-                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
                 ((s >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0
             })
             .collect()
@@ -269,7 +274,10 @@ mod tests {
                         .iter()
                         .map(|&j| {
                             let kr = &k[((b * s.kv_heads + kvh) * len + j) * d..][..d];
-                            qr.iter().zip(kr).map(|(&a, &c)| a as f64 * c as f64).sum::<f64>()
+                            qr.iter()
+                                .zip(kr)
+                                .map(|(&a, &c)| a as f64 * c as f64)
+                                .sum::<f64>()
                                 * scale
                         })
                         .collect();

@@ -130,7 +130,13 @@ impl<'a> Ring<'a> {
         b
     }
 
-    fn decode(&self, b: &[u8], row: usize, len: usize, from: usize) -> Result<Vec<f32>, ModelError> {
+    fn decode(
+        &self,
+        b: &[u8],
+        row: usize,
+        len: usize,
+        from: usize,
+    ) -> Result<Vec<f32>, ModelError> {
         codec::decode(b, row, self.comm_dtype)
             .filter(|x| x.len() == len)
             .ok_or_else(|| {
@@ -276,9 +282,7 @@ pub fn merge_records(
         return Ok(Vec::new());
     };
     for (from, part) in it {
-        if part.len() != total.len()
-            || part.iter().zip(&total).any(|(a, b)| a.index != b.index)
-        {
+        if part.len() != total.len() || part.iter().zip(&total).any(|(a, b)| a.index != b.index) {
             return Err(CommError::Protocol {
                 from,
                 detail: "context-parallel records for other windows than the leader's".into(),
@@ -325,7 +329,10 @@ mod tests {
         // Rank 0 holds 0, 1, 6, 7: scores position 6; rank 1 holds 2..6: scores 4 and 5.
         let (rows, t0, p0) = local_scored_rows(&hidden, &[w.clone()], layout, 0).unwrap();
         assert_eq!(t0, vec![13]);
-        assert_eq!(rows.to_vec2::<f32>().unwrap(), vec![vec![8f32, 9., 10., 11.]]);
+        assert_eq!(
+            rows.to_vec2::<f32>().unwrap(),
+            vec![vec![8f32, 9., 10., 11.]]
+        );
         let (_, t1, p1) = local_scored_rows(&hidden, &[w.clone()], layout, 1).unwrap();
         assert_eq!(t1, vec![11, 12]);
         assert_eq!(p0[0].targets.len() + p1[0].targets.len(), w.targets.len());
@@ -341,8 +348,8 @@ mod tests {
                 finished_s: 0.0,
             }
         };
-        let merged = merge_records(vec![(0, vec![rec(&[0.5])]), (1, vec![rec(&[1.25, 2.0])])])
-            .unwrap();
+        let merged =
+            merge_records(vec![(0, vec![rec(&[0.5])]), (1, vec![rec(&[1.25, 2.0])])]).unwrap();
         assert_eq!(merged[0].acc, rec(&[0.5, 1.25, 2.0]).acc);
         let other = WindowResult {
             index: 4,

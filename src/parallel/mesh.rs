@@ -417,7 +417,9 @@ mod tests {
         assert_eq!(d.stage_group(5), vec![4, 5, 6, 7]);
         assert_eq!(d.stage_group(11), vec![8, 9, 10, 11]);
         assert_eq!(d.leaders(), vec![0, 4]);
-        assert!(d.describe().contains("replica 0: stage 0: ranks 0,1,2,3 | stage 1: ranks 8,9,10,11"));
+        assert!(d
+            .describe()
+            .contains("replica 0: stage 0: ranks 0,1,2,3 | stage 1: ranks 8,9,10,11"));
     }
 
     #[test]

@@ -255,7 +255,11 @@ impl<'a> StageRunner<'a> {
         }
         let len = batch[0].input.len();
         let layout = ChunkLayout::new(self.dims.cp, len).ok_or_else(|| {
-            ModelError::Run(cp::check_window(self.dims.cp, len, "the window length").err().unwrap_or_default())
+            ModelError::Run(
+                cp::check_window(self.dims.cp, len, "the window length")
+                    .err()
+                    .unwrap_or_default(),
+            )
         })?;
         Ok(Some(layout))
     }
@@ -302,8 +306,8 @@ impl<'a> StageRunner<'a> {
         };
         let batch: Vec<Window> = unit.iter().map(|&i| self.windows[i].clone()).collect();
         let layout = self.layout(&batch)?;
-        let ring = layout
-            .map(|l| Ring::new(&self.cp, l, self.comm_dtype, &self.ring, &self.comm_error));
+        let ring =
+            layout.map(|l| Ring::new(&self.cp, l, self.comm_dtype, &self.ring, &self.comm_error));
         let ring = ring.as_ref().map(|r| r as &dyn ContextParallel);
         let x = match input {
             Some(x) => x,
@@ -335,9 +339,7 @@ impl<'a> StageRunner<'a> {
         // The last stage: NLL of the scored positions.
         let hidden = self.model.final_norm(&x)?;
         let (rows, targets, batch) = match layout {
-            Some(l) => {
-                cp::local_scored_rows(&hidden, &batch, l, self.cp.rank())?
-            }
+            Some(l) => cp::local_scored_rows(&hidden, &batch, l, self.cp.rank())?,
             None => {
                 let (rows, targets) = eval::scored_rows(&hidden, &batch)?;
                 (rows, targets, batch)
