@@ -327,13 +327,14 @@ mod tests {
             .reshape((1, 4, 4))
             .unwrap();
         // Rank 0 holds 0, 1, 6, 7: scores position 6; rank 1 holds 2..6: scores 4 and 5.
-        let (rows, t0, p0) = local_scored_rows(&hidden, &[w.clone()], layout, 0).unwrap();
+        let (rows, t0, p0) =
+            local_scored_rows(&hidden, std::slice::from_ref(&w), layout, 0).unwrap();
         assert_eq!(t0, vec![13]);
         assert_eq!(
             rows.to_vec2::<f32>().unwrap(),
             vec![vec![8f32, 9., 10., 11.]]
         );
-        let (_, t1, p1) = local_scored_rows(&hidden, &[w.clone()], layout, 1).unwrap();
+        let (_, t1, p1) = local_scored_rows(&hidden, std::slice::from_ref(&w), layout, 1).unwrap();
         assert_eq!(t1, vec![11, 12]);
         assert_eq!(p0[0].targets.len() + p1[0].targets.len(), w.targets.len());
         let rec = |xs: &[f64]| {
