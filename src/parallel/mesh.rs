@@ -360,6 +360,7 @@ mod tests {
         let cp = RequestedDims {
             cp: Some(2),
             pp: Some(2),
+            dp_shard: Some(1),
             ..Default::default()
         };
         let d = ParallelDims::resolve(&cp, 4).unwrap();
