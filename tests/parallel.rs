@@ -263,7 +263,7 @@ fn impossible_meshes_are_refused_with_the_rule_that_failed() {
             &["--ranks", "31", "--pp", "31"],
             "exceeds the model's 30 layers",
         ),
-        (&["--ranks", "2", "--cp", "2"], "context parallelism"),
+        (&["--ranks", "3", "--cp", "3"], "is not divisible by 6"),
         (
             &["--ranks", "5", "--dp-replicate", "2", "--dp-shard", "-1"],
             "cannot be inferred",

@@ -74,6 +74,13 @@ const EXAMPLES: &[(&str, Action)] = &[
             &["model:", "precision: f32"],
         ),
     ),
+    (
+        "ppl eval -m M.gguf -f text.txt --ranks 2 --cp 2 --ctx 8192 --precision f32",
+        Instead(
+            "ppl eval -m M.gguf -f text.txt --ranks 2 --cp 2 --ctx 256 --chunks 2 --precision f32",
+            &["Final estimate: PPL = "],
+        ),
+    ),
     ("ppl report results.json", Run),
     (
         "ppl report base.json quant.json --format md",

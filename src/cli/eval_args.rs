@@ -90,7 +90,8 @@ pub struct EvalArgs {
     /// Pipeline-parallel degree: the layers split into N consecutive stages.
     #[arg(long, value_name = "N")]
     pub(super) pp: Option<i64>,
-    /// Context-parallel degree (not supported yet: 1 only).
+    /// Context-parallel degree: each window's positions split across N ranks (ring
+    /// attention); --ctx must be divisible by 2·N, --method chunks.
     #[arg(long, value_name = "N")]
     pub(super) cp: Option<i64>,
     /// Quantize the weights at load: int4 (asymmetric groups, torchao-style), int8 (per

@@ -289,7 +289,7 @@ fn local_checks(args: &ValidateArgs, list: &mut Checklist) {
         &mc,
         cfg.precision,
         cfg.batch_size,
-        cfg.ctx,
+        cfg.positions_per_rank(),
         cfg.ranks,
         tok.vocab_size,
         &parts,

@@ -19,6 +19,9 @@ pub mod base {
     pub const DATA_PARALLEL: u32 = 1000;
     pub const TENSOR_PARALLEL: u32 = 2000;
     pub const SHARD: u32 = 3000;
+    pub const CONTEXT_PARALLEL: u32 = 4000;
+    /// A replica's first pipeline stage (every cp and TP rank), told each step by the leader.
+    pub const STEP: u32 = 5000;
 }
 
 pub struct Group<'a> {

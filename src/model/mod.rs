@@ -22,6 +22,7 @@ pub mod llama;
 pub mod mapped;
 pub mod memory;
 pub mod quantize;
+pub mod ring_attention;
 pub mod shard;
 pub mod synth;
 

@@ -13,10 +13,12 @@
 //! - a **pipeline** is the `pp` ranks that differ only in `pp_i` (stride `world / pp`);
 //! - a **model replica** is the `pp · cp · tp` ranks with the same `(r_i, s_i)`: together they
 //!   hold one copy of the model and score one stream of windows;
+//! - a **cp group** is the `cp` ranks that differ only in `c_i`: each holds two chunks of
+//!   every window and they pass keys and values around in a ring (context parallelism);
 //! - a **shard group** (FSDP) is the `dp_shard` ranks that differ only in `s_i`: each stores
 //!   `1/dp_shard` of the weights its position in the replica needs.
 //!
-//! Replica `r_i · dp_shard + s_i` is led by its rank with `pp_i = 0, t_i = 0`; the leaders form
+//! Replica `r_i · dp_shard + s_i` is led by its rank with `pp_i = 0, c_i = 0, t_i = 0`; the leaders form
 //! the data-parallel world that shares out windows and sums the exact NLL (replica 0's leader
 //! is rank 0).
 
@@ -84,8 +86,6 @@ pub enum MeshError {
     },
     #[error("--dp-shard -1 cannot be inferred: world size {world} is not divisible by dp_replicate·cp·tp·pp = {rest}; change the other degrees or the world size")]
     Infer { world: usize, rest: usize },
-    #[error("--cp {0}: context parallelism (sequence split with ring attention) is not supported yet; use --cp 1 and split the model with --tp or --pp instead")]
-    ContextParallel(usize),
 }
 
 impl ParallelDims {
@@ -139,9 +139,6 @@ impl ParallelDims {
                 product: dims.world(),
                 world,
             });
-        }
-        if cp > 1 {
-            return Err(MeshError::ContextParallel(cp));
         }
         Ok(dims)
     }
@@ -215,6 +212,24 @@ impl ParallelDims {
             .collect()
     }
 
+    /// Ranks of `rank`'s context-parallel group (its ring), in cp order.
+    pub fn cp_group(&self, rank: usize) -> Vec<usize> {
+        let c = self.coords(rank);
+        (0..self.cp)
+            .map(|cp| self.rank_of(Coords { cp, ..c }))
+            .collect()
+    }
+
+    /// `rank`'s pipeline stage within its replica: every cp and TP rank, in rank order (on
+    /// stage 0 the replica's leader first).
+    pub fn stage_group(&self, rank: usize) -> Vec<usize> {
+        let c = self.coords(rank);
+        (0..self.cp)
+            .flat_map(|cp| (0..self.tp).map(move |tp| (cp, tp)))
+            .map(|(cp, tp)| self.rank_of(Coords { cp, tp, ..c }))
+            .collect()
+    }
+
     /// Ranks of `rank`'s FSDP shard group, in shard order.
     pub fn shard_group(&self, rank: usize) -> Vec<usize> {
         let c = self.coords(rank);
@@ -247,10 +262,15 @@ impl ParallelDims {
             let leader = self.leaders()[replica];
             let stages: Vec<String> = (0..self.pp)
                 .map(|s| {
-                    let tp = self.tp_group(self.at_stage(leader, s));
+                    let ranks: Vec<usize> = self
+                        .cp_group(self.at_stage(leader, s))
+                        .into_iter()
+                        .flat_map(|r| self.tp_group(r))
+                        .collect();
                     format!(
                         "stage {s}: ranks {}",
-                        tp.iter()
+                        ranks
+                            .iter()
                             .map(|r| r.to_string())
                             .collect::<Vec<_>>()
                             .join(",")
@@ -339,12 +359,20 @@ mod tests {
         ));
         let cp = RequestedDims {
             cp: Some(2),
+            pp: Some(2),
+            dp_shard: Some(1),
             ..Default::default()
         };
-        assert_eq!(
-            ParallelDims::resolve(&cp, 2),
-            Err(MeshError::ContextParallel(2))
-        );
+        let d = ParallelDims::resolve(&cp, 4).unwrap();
+        assert_eq!((d.cp, d.pp, d.dp_shard), (2, 2, 1));
+        assert!(matches!(
+            ParallelDims::resolve(&cp, 6),
+            Err(MeshError::Product {
+                product: 4,
+                world: 6,
+                ..
+            })
+        ));
     }
 
     #[test]
@@ -368,6 +396,31 @@ mod tests {
         assert_eq!(d.shard_group(0), vec![0, 2]);
         assert_eq!(d.replica_of(9), 0);
         assert_eq!(d.replica_of(15), 3);
+    }
+
+    #[test]
+    fn cp_groups_are_rings_inside_a_replica() {
+        // cp = 2 × tp = 2 × dp_replicate = 2 × pp = 2 on 16 ranks.
+        let d = ParallelDims {
+            dp_replicate: 2,
+            dp_shard: 1,
+            tp: 2,
+            cp: 2,
+            pp: 2,
+        };
+        for r in 0..d.world() {
+            let g = d.cp_group(r);
+            assert!(g.contains(&r));
+            assert!(g.iter().all(|&m| d.replica_of(m) == d.replica_of(r)));
+        }
+        assert_eq!(d.cp_group(1), vec![1, 3]);
+        assert_eq!(d.cp_group(13), vec![13, 15]);
+        assert_eq!(d.stage_group(5), vec![4, 5, 6, 7]);
+        assert_eq!(d.stage_group(11), vec![8, 9, 10, 11]);
+        assert_eq!(d.leaders(), vec![0, 4]);
+        assert!(d
+            .describe()
+            .contains("replica 0: stage 0: ranks 0,1,2,3 | stage 1: ranks 8,9,10,11"));
     }
 
     #[test]

@@ -27,13 +27,16 @@ use std::time::Instant;
 use candle_core::{Device, Tensor};
 use serde::{Deserialize, Serialize};
 
+use super::context_parallel::{self as cp, Ring, RingMeter};
 use super::data_parallel::{RunError, Scorer};
 use super::mesh::ParallelDims;
 use crate::comm::codec::{self, CommDtype};
 use crate::comm::group::{base, Group, Metered};
+use crate::comm::json::{decode as decode_json, encode as encode_json};
 use crate::comm::{CommError, Communicator};
 use crate::data::Window;
 use crate::eval::{self, nll, WindowResult};
+use crate::model::ring_attention::{ChunkLayout, ContextParallel};
 use crate::model::{Collectives, Llama, ModelError};
 
 /// World tags of the model-parallel traffic.
@@ -72,6 +75,11 @@ pub struct StageRunner<'a> {
     windows: &'a [Window],
     tp: Group<'a>,
     shard: Group<'a>,
+    /// The ranks that differ only in their cp coordinate (the ring).
+    cp: Group<'a>,
+    /// This rank's stage of the replica (every cp and TP rank): on stage 0 the leader tells
+    /// it each step.
+    stage_peers: Group<'a>,
     stage: usize,
     comm_dtype: CommDtype,
     /// The first collective error inside the forward pass, kept with its structure.
@@ -79,6 +87,8 @@ pub struct StageRunner<'a> {
     /// Micro-batches the leader sent down the pipeline whose records have not come back.
     in_flight: usize,
     pub figures: StageFigures,
+    /// Bytes and seconds of the context-parallel ring.
+    pub ring: RingMeter,
     /// GPU-to-GPU sums of the tensor-parallel activations (`--tp-backend nccl`).
     #[cfg(feature = "nccl")]
     nccl: Option<crate::comm::nccl::NcclGroup>,
@@ -100,6 +110,8 @@ impl<'a> StageRunner<'a> {
         Self {
             tp: Group::new(world, dims.tp_group(rank), base::TENSOR_PARALLEL),
             shard: Group::new(world, dims.shard_group(rank), base::SHARD),
+            cp: Group::new(world, dims.cp_group(rank), base::CONTEXT_PARALLEL),
+            stage_peers: Group::new(world, dims.stage_group(rank), base::STEP),
             stage: dims.coords(rank).pp,
             world,
             dims,
@@ -109,6 +121,7 @@ impl<'a> StageRunner<'a> {
             comm_error: Mutex::new(None),
             in_flight: 0,
             figures: StageFigures::default(),
+            ring: RingMeter::default(),
             #[cfg(feature = "nccl")]
             nccl: None,
         }
@@ -140,7 +153,7 @@ impl<'a> StageRunner<'a> {
 
     /// Whether this rank leads its replica (and takes part in the data-parallel protocol).
     pub fn is_leader(&self) -> bool {
-        self.stage == 0 && self.tp.rank() == 0
+        self.leader() == self.world.rank()
     }
 
     fn is_last(&self) -> bool {
@@ -149,7 +162,12 @@ impl<'a> StageRunner<'a> {
 
     fn leader(&self) -> usize {
         let c = self.dims.coords(self.world.rank());
-        self.dims.rank_of(super::mesh::Coords { pp: 0, tp: 0, ..c })
+        self.dims.rank_of(super::mesh::Coords {
+            pp: 0,
+            cp: 0,
+            tp: 0,
+            ..c
+        })
     }
 
     /// A non-leader's life: run the steps it is handed until `Done`.
@@ -167,7 +185,7 @@ impl<'a> StageRunner<'a> {
     /// The step and activations from the previous stage, or the step from the TP leader.
     fn receive_step(&self) -> Result<(Step, Option<Tensor>), RunError> {
         if self.stage == 0 {
-            let b = self.tp.broadcast(0, Vec::new())?;
+            let b = self.stage_peers.broadcast(0, Vec::new())?;
             return Ok((decode_json(0, &b)?, None));
         }
         let prev = self.dims.at_stage(self.world.rank(), self.stage - 1);
@@ -189,7 +207,7 @@ impl<'a> StageRunner<'a> {
 
     fn activation(&self, from: usize, unit: &[usize], bytes: &[u8]) -> Result<Tensor, RunError> {
         let d = self.model.config.hidden_size;
-        let t = self.windows[unit[0]].input.len();
+        let t = self.local_len(self.windows[unit[0]].input.len());
         let v = codec::decode(bytes, d, self.comm_dtype)
             .filter(|v| v.len() == unit.len() * t * d)
             .ok_or_else(|| CommError::Protocol {
@@ -219,10 +237,32 @@ impl<'a> StageRunner<'a> {
             None if any_other => Step::Idle,
             None => Step::Done,
         };
-        if self.dims.tp > 1 {
-            self.tp.broadcast(0, encode_json(&step))?;
+        if self.stage_peers.size() > 1 {
+            self.stage_peers.broadcast(0, encode_json(&step))?;
         }
         Ok(step)
+    }
+
+    /// Positions of a window of `len` held by this rank.
+    fn local_len(&self, len: usize) -> usize {
+        len / self.dims.cp
+    }
+
+    /// The cut of this step's windows across the cp group (`None` without context
+    /// parallelism).
+    fn layout(&self, batch: &[Window]) -> Result<Option<ChunkLayout>, RunError> {
+        if self.dims.cp == 1 {
+            return Ok(None);
+        }
+        let len = batch[0].input.len();
+        let layout = ChunkLayout::new(self.dims.cp, len).ok_or_else(|| {
+            ModelError::Run(
+                cp::check_window(self.dims.cp, len, "the window length")
+                    .err()
+                    .unwrap_or_default(),
+            )
+        })?;
+        Ok(Some(layout))
     }
 
     /// Runs one step on this rank. Returns window records on the rank that ends up with them
@@ -266,15 +306,22 @@ impl<'a> StageRunner<'a> {
             Step::Work(unit) => unit,
         };
         let batch: Vec<Window> = unit.iter().map(|&i| self.windows[i].clone()).collect();
+        let layout = self.layout(&batch)?;
+        let ring =
+            layout.map(|l| Ring::new(&self.cp, l, self.comm_dtype, &self.ring, &self.comm_error));
+        let ring = ring.as_ref().map(|r| r as &dyn ContextParallel);
         let x = match input {
             Some(x) => x,
             None => self.model_call(|cc| {
-                self.model
-                    .embed(&eval::batch_ids(&batch, self.model.device())?, cc)
+                let ids = match layout {
+                    Some(l) => cp::local_ids(&batch, l, self.cp.rank(), self.model.device())?,
+                    None => eval::batch_ids(&batch, self.model.device())?,
+                };
+                self.model.embed(&ids, cc)
             })?,
         };
         let x = self
-            .model_call(|cc| self.model.run_layers(Some(x), cc))?
+            .model_call_with(ring, |cc| self.model.run_layers(Some(x), cc))?
             .expect("a work step returns activations");
         if let Some(n) = next {
             let d = self.model.config.hidden_size;
@@ -292,7 +339,13 @@ impl<'a> StageRunner<'a> {
         }
         // The last stage: NLL of the scored positions.
         let hidden = self.model.final_norm(&x)?;
-        let (rows, targets) = eval::scored_rows(&hidden, &batch)?;
+        let (rows, targets, batch) = match layout {
+            Some(l) => cp::local_scored_rows(&hidden, &batch, l, self.cp.rank())?,
+            None => {
+                let (rows, targets) = eval::scored_rows(&hidden, &batch)?;
+                (rows, targets, batch)
+            }
+        };
         let nlls = if self.dims.tp == 1 {
             Some(eval::nlls(self.model, &rows, &targets)?)
         } else {
@@ -335,6 +388,15 @@ impl<'a> StageRunner<'a> {
         &self,
         f: impl FnOnce(&Collectives) -> Result<T, ModelError>,
     ) -> Result<T, RunError> {
+        self.model_call_with(None, f)
+    }
+
+    /// [`Self::model_call`] with the context-parallel ring of a work step.
+    fn model_call_with<T>(
+        &self,
+        ring: Option<&dyn ContextParallel>,
+        f: impl FnOnce(&Collectives) -> Result<T, ModelError>,
+    ) -> Result<T, RunError> {
         let fail = |e: CommError| {
             let msg = e.to_string();
             self.comm_error
@@ -362,6 +424,7 @@ impl<'a> StageRunner<'a> {
         let cc = Collectives {
             tp_all_reduce: (self.dims.tp > 1).then_some(&reduce as _),
             fsdp_all_gather: (self.dims.dp_shard > 1).then_some(&gather as _),
+            context_parallel: ring,
         };
         f(&cc).map_err(|e| {
             match self
@@ -440,10 +503,40 @@ impl StageRunner<'_> {
 impl StageRunner<'_> {
     /// The records of the oldest micro-batch in flight, from the last stage.
     fn receive_results(&mut self) -> Result<Vec<WindowResult>, RunError> {
-        let last = self.dims.at_stage(self.world.rank(), self.dims.pp - 1);
-        let b = self.world.recv(last, tag::RESULTS)?;
         self.in_flight -= 1;
-        Ok(decode_json::<Vec<WindowResult>>(last, &b)?)
+        self.collect_results(None)
+    }
+
+    /// The records of a micro-batch from the last stage's TP rank 0 of every cp rank (this
+    /// rank's own in `own` when it is one of them), added up.
+    fn collect_results(
+        &self,
+        mut own: Option<Vec<WindowResult>>,
+    ) -> Result<Vec<WindowResult>, RunError> {
+        let me = self.dims.coords(self.world.rank());
+        let mut parts = Vec::with_capacity(self.dims.cp);
+        for c in 0..self.dims.cp {
+            let from = self.dims.rank_of(super::mesh::Coords {
+                pp: self.dims.pp - 1,
+                cp: c,
+                tp: 0,
+                ..me
+            });
+            let records = match own.take() {
+                Some(r) if from == self.world.rank() => r,
+                other => {
+                    own = other;
+                    decode_json::<Vec<WindowResult>>(from, &self.world.recv(from, tag::RESULTS)?)?
+                }
+            };
+            parts.push((from, records));
+        }
+        let mut merged = cp::merge_records(parts)?;
+        // A partial record counted only its rank's share of the window's tokens.
+        for r in &mut merged {
+            r.input_tokens = self.windows[r.index].input.len();
+        }
+        Ok(merged)
     }
 }
 
@@ -456,9 +549,8 @@ impl Scorer for StageRunner<'_> {
         let mut out = Vec::with_capacity(unit.len());
         if self.dims.pp == 1 {
             let step = self.lead_step(Some(unit.to_vec()))?;
-            if let Some(r) = self.run_step(step, None)? {
-                out.extend(r);
-            }
+            let own = self.run_step(step, None)?;
+            out.extend(self.collect_results(own)?);
             return Ok(out);
         }
         for &w in unit {
@@ -486,17 +578,6 @@ impl Scorer for StageRunner<'_> {
             }
         }
     }
-}
-
-fn encode_json<T: Serialize>(v: &T) -> Vec<u8> {
-    serde_json::to_vec(v).expect("protocol messages serialize")
-}
-
-fn decode_json<T: for<'de> Deserialize<'de>>(from: usize, b: &[u8]) -> Result<T, CommError> {
-    serde_json::from_slice(b).map_err(|e| CommError::Protocol {
-        from,
-        detail: e.to_string(),
-    })
 }
 
 /// A pipeline message: the step as JSON, then the activations' bytes.

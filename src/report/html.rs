@@ -233,26 +233,28 @@ fn single(out: &mut String, r: &Results) {
         );
         let _ = write!(
             body,
-            "<p>dp_replicate {} × dp_shard {} × tp {} × pp {}, activations as {}</p><pre>{}</pre>",
+            "<p>dp_replicate {} × dp_shard {} × cp {} × tp {} × pp {}, activations as {}</p><pre>{}</pre>",
             mesh.dims.dp_replicate,
             mesh.dims.dp_shard,
+            mesh.dims.cp,
             mesh.dims.tp,
             mesh.dims.pp,
             mesh.comm_dtype,
             escape(&mesh.layout)
         );
-        body.push_str("<table><tr><th>rank</th><th>host</th><th>pp, dp, shard, tp</th><th>layers</th><th>weights MiB</th><th>peak RSS MiB</th><th>sent MiB</th><th>received MiB</th><th>compute s</th><th>comm s</th></tr>");
+        body.push_str("<table><tr><th>rank</th><th>host</th><th>pp, dp, shard, cp, tp</th><th>layers</th><th>weights MiB</th><th>peak RSS MiB</th><th>sent MiB</th><th>received MiB</th><th>compute s</th><th>comm s</th><th>ring MiB</th><th>ring s</th></tr>");
         let mib = |b: u64| format!("{:.1}", b as f64 / 1048576.0);
         for m in &mesh.ranks {
             let c = m.coords;
             let _ = write!(
                 body,
-                "<tr><td>{}</td><td>{}</td><td>{}, {}, {}, {}</td><td>{}–{}{}{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td>{}{}</tr>",
+                "<tr><td>{}</td><td>{}</td><td>{}, {}, {}, {}, {}</td><td>{}–{}{}{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td>{}{}<td class=\"num\">{}</td>{}</tr>",
                 m.rank,
                 escape(&m.host),
                 c.pp,
                 c.dp_replicate,
                 c.dp_shard,
+                c.cp,
                 c.tp,
                 m.layers[0],
                 m.layers[1],
@@ -264,6 +266,8 @@ fn single(out: &mut String, r: &Results) {
                 mib(m.bytes_received),
                 num(m.compute_s, 3),
                 num(m.comm_s, 3),
+                mib(m.ring_bytes_sent),
+                num(m.ring_s, 3),
             );
         }
         body.push_str("</table>");

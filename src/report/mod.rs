@@ -236,6 +236,14 @@ pub struct MeshRank {
     pub compute_s: f64,
     /// Steps (micro-batches, idle FSDP steps included) this rank ran.
     pub steps: u64,
+    /// Bytes of keys and values this rank sent around the context-parallel ring (part of
+    /// `bytes_sent`; 0 without `--cp`).
+    #[serde(default)]
+    pub ring_bytes_sent: u64,
+    /// Seconds inside the ring's sends and receives (part of `comm_s`): what the ring did not
+    /// hide behind attention.
+    #[serde(default)]
+    pub ring_s: f64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

@@ -36,7 +36,23 @@ pub fn check_plan(
 ) -> Result<(), EvalError> {
     check_mesh(dims, g, mc, cfg.quantize.as_ref())?;
     check_precision(cfg, dims)?;
+    check_context_parallel(cfg, dims)?;
     check_device(cfg, dims)
+}
+
+/// `--cp`: whole chunks of equal windows (see [`crate::parallel::context_parallel`]).
+fn check_context_parallel(cfg: &EvalConfig, dims: &ParallelDims) -> Result<(), EvalError> {
+    if dims.cp == 1 {
+        return Ok(());
+    }
+    if cfg.method != Method::Chunks || cfg.task.is_some() {
+        return Err(EvalError::Config(format!(
+            "--cp {} works with --method chunks only: stride and rolling windows (and --task) differ in length, so they do not cut into 2·cp equal chunks; use --method chunks, or --cp 1",
+            dims.cp
+        )));
+    }
+    crate::parallel::context_parallel::check_window(dims.cp, cfg.ctx, "--ctx")
+        .map_err(EvalError::Config)
 }
 
 /// bf16/f16 activations run on whole models only: the model-parallel paths exchange f32.

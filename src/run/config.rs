@@ -86,7 +86,7 @@ impl EvalConfig {
     /// changes a value, so a run can resume on another mesh; tensor parallelism and lossy
     /// activation compression do change values and are kept.
     pub(crate) fn values_json(&self, dims: &ParallelDims) -> String {
-        let lossy = dims.tp > 1 || dims.pp > 1;
+        let lossy = dims.tp > 1 || dims.pp > 1 || dims.cp > 1;
         let mut values = serde_json::json!({
             "method": self.method,
             "ctx": self.ctx,
@@ -102,6 +102,10 @@ impl EvalConfig {
         if let Some(task) = self.task {
             values["task"] = task.name.to_string().into();
         }
+        // Ring attention sums in another order (named only when used, as above).
+        if dims.cp > 1 {
+            values["cp"] = dims.cp.into();
+        }
         // A GPU's sums differ from the CPU's in the last bits: no mixing in one ledger. (Only
         // named when set, so that CPU ledgers written before GPUs existed still resume.)
         if !self.device.is_cpu() {
@@ -111,6 +115,13 @@ impl EvalConfig {
             }
         }
         values.to_string()
+    }
+
+    /// Positions of a window one rank holds: `ctx`, or `ctx / cp` under context parallelism
+    /// (what its activations and keys/values scale with, for the memory planner).
+    pub fn positions_per_rank(&self) -> usize {
+        let cp = self.parallel.cp.unwrap_or(1).max(1) as usize;
+        self.ctx / cp
     }
 
     /// The mesh for a world of `world` ranks: plain data parallelism (every rank a whole

@@ -23,7 +23,7 @@ pub(crate) fn plan_memory(
             &setup.mc,
             precision,
             batch,
-            cfg.ctx,
+            cfg.positions_per_rank(),
             ranks,
             setup.tok.vocab_size,
             parts,

@@ -226,6 +226,8 @@ impl Scoring<'_> {
             comm_s: traffic.seconds,
             compute_s: (runner.figures.busy_s - runner.figures.step_comm_s).max(0.0),
             steps: runner.figures.steps,
+            ring_bytes_sent: runner.ring.bytes(),
+            ring_s: runner.ring.seconds(),
         };
         let Some(ranks) = json::gather(&metered, 0, &me)? else {
             return Ok((None, None));

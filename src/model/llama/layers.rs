@@ -10,6 +10,7 @@ use candle_core::{DType, Device, Tensor};
 use crate::model::gguf::GgufFile;
 use crate::model::kernels::{attention, math, OwnMatrix};
 use crate::model::quantize::{Quantize, Site};
+use crate::model::ring_attention::ContextParallel;
 use crate::model::shard::{self, LayerShard, Partition, RawTensor, TensorSpec};
 
 use super::*;
@@ -137,12 +138,16 @@ pub type AllGather<'a> = &'a (dyn Fn(&[u8]) -> Result<Vec<Vec<u8>>> + Sync);
 pub struct Collectives<'a> {
     pub tp_all_reduce: Option<AllReduce<'a>>,
     pub fsdp_all_gather: Option<AllGather<'a>>,
+    /// The window's positions split across context-parallel ranks: RoPE at this rank's
+    /// absolute positions, attention by a ring over the group.
+    pub context_parallel: Option<&'a dyn ContextParallel>,
 }
 
 impl Collectives<'_> {
     pub const NONE: Collectives<'static> = Collectives {
         tp_all_reduce: None,
         fsdp_all_gather: None,
+        context_parallel: None,
     };
 
     pub(super) fn reduce(&self, x: Tensor) -> Result<Tensor> {
@@ -187,7 +192,13 @@ pub(super) fn add_bias(y: Tensor, bias: &Option<Tensor>) -> Result<Tensor> {
 }
 
 impl Attention {
-    pub(super) fn forward(&self, x: &Tensor, rope: &Rope, mask: &Mask) -> Result<Tensor> {
+    pub(super) fn forward(
+        &self,
+        x: &Tensor,
+        rope: &Rope,
+        mask: &Mask,
+        cc: &Collectives,
+    ) -> Result<Tensor> {
         let (b, t, _) = x.dims3()?;
         let heads = |y: Tensor, n: usize| -> Result<Tensor> {
             Ok(y.reshape((b, t, n, self.head_dim))?
@@ -202,9 +213,14 @@ impl Attention {
         };
         let q = heads(add_bias(self.wq.forward(x)?, &self.bq)?, self.n_heads)?;
         let k = heads(add_bias(self.wk.forward(x)?, &self.bk)?, self.n_kv_heads)?;
-        let q = rope.apply(&norm(q, &self.q_norm)?)?;
-        let k = rope.apply(&norm(k, &self.k_norm)?)?;
+        let cp = cc.context_parallel;
+        let q = rope.apply(&norm(q, &self.q_norm)?, cp)?;
+        let k = rope.apply(&norm(k, &self.k_norm)?, cp)?;
         let v = heads(add_bias(self.wv.forward(x)?, &self.bv)?, self.n_kv_heads)?;
+        if let Some(cp) = cp {
+            let y = self.ring(cp, (&q, &k, &v), mask.window)?;
+            return add_bias(self.wo.forward(&y)?, &self.bo);
+        }
         if q.dtype() == DType::F32 && self.fused {
             let y = self.fused(&q, &k, &v, mask.window)?;
             return add_bias(self.wo.forward(&y)?, &self.bo);
@@ -249,6 +265,34 @@ impl Attention {
             })
         })???;
         Ok(Tensor::from_vec(y, (b, t, self.n_heads * d), &Device::Cpu)?)
+    }
+
+    /// Attention of this rank's positions against the whole window, by the context-parallel
+    /// ring ([`crate::model::ring_attention`]), in f32 whatever the activations' dtype.
+    fn ring(
+        &self,
+        cp: &dyn ContextParallel,
+        (q, k, v): (&Tensor, &Tensor, &Tensor),
+        window: Option<usize>,
+    ) -> Result<Tensor> {
+        let (b, _, t, d) = q.dims4()?;
+        let shape = attention::AttentionShape {
+            batch: b,
+            heads: self.n_heads,
+            kv_heads: self.n_kv_heads,
+            t,
+            head_dim: d,
+        };
+        let f32s = |x: &Tensor| -> Result<Tensor> { Ok(x.to_dtype(DType::F32)?.contiguous()?) };
+        let (qf, kf, vf) = (f32s(q)?, f32s(k)?, f32s(v)?);
+        let y = with_f32(&qf, |q| {
+            with_f32(&kf, |k| {
+                with_f32(&vf, |v| {
+                    cp.attend((q, k, v), shape, self.scale as f32, window)
+                })
+            })
+        })????;
+        Ok(Tensor::from_vec(y, (b, t, self.n_heads * d), q.device())?.to_dtype(q.dtype())?)
     }
 
     /// Grouped-query attention: each KV head serves `n_heads / n_kv_heads` query heads.
@@ -433,7 +477,10 @@ impl Block {
             }
         };
         // The post-norms act on the whole (all-reduced) branch output.
-        let a = cc.reduce(self.attn.forward(&self.attn_norm.forward(x)?, rope, mask)?)?;
+        let a = cc.reduce(
+            self.attn
+                .forward(&self.attn_norm.forward(x)?, rope, mask, cc)?,
+        )?;
         let h = (x + post(a, &self.post_attn_norm)?)?;
         let m = cc.reduce(self.mlp.forward(&self.ffn_norm.forward(&h)?)?)?;
         Ok((&h + post(m, &self.post_ffn_norm)?)?)
@@ -484,10 +531,22 @@ impl Rope {
         })
     }
 
-    pub(super) fn apply(&self, x: &Tensor) -> Result<Tensor> {
+    /// Rotates `x [b, heads, t, d]` at positions `0..t`, or at this rank's absolute
+    /// positions under context parallelism.
+    pub(super) fn apply(&self, x: &Tensor, cp: Option<&dyn ContextParallel>) -> Result<Tensor> {
         let t = x.dim(2)?;
-        let cos = self.cos.narrow(0, 0, t)?.to_dtype(x.dtype())?;
-        let sin = self.sin.narrow(0, 0, t)?.to_dtype(x.dtype())?;
+        let (cos, sin) = match cp {
+            Some(cp) => {
+                let ids: Vec<u32> = cp.positions().iter().map(|&p| p as u32).collect();
+                let ids = Tensor::from_vec(ids, t, self.cos.device())?;
+                (
+                    self.cos.index_select(&ids, 0)?,
+                    self.sin.index_select(&ids, 0)?,
+                )
+            }
+            None => (self.cos.narrow(0, 0, t)?, self.sin.narrow(0, 0, t)?),
+        };
+        let (cos, sin) = (cos.to_dtype(x.dtype())?, sin.to_dtype(x.dtype())?);
         Ok(if self.neox {
             candle_nn::rotary_emb::rope(x, &cos, &sin)?
         } else {

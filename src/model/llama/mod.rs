@@ -135,10 +135,13 @@ impl Llama {
         // Global layers see every earlier position; local ones the sliding window.
         let masks = match &x {
             Some(x) => {
-                let t = x.dim(1)?;
+                // Under context parallelism the ring masks by absolute position; only the
+                // sliding window's width is read.
+                let cp = cc.context_parallel.is_some();
+                let t = if cp { 1 } else { x.dim(1)? };
                 let global = causal_mask(t, None, x.device())?;
                 let local = match self.config.sliding_window {
-                    Some(w) if w < t => causal_mask(t, Some(w), x.device())?,
+                    Some(w) if w < t || cp => causal_mask(t, Some(w), x.device())?,
                     _ => global.clone(),
                 };
                 Some((global, local))
