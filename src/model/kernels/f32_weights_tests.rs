@@ -122,7 +122,9 @@ fn zeros_denormals_and_infinities_give_the_same_bits_on_every_path() {
         4 => 1e30 * lcg(seed),
         _ => lcg(seed),
     };
-    let bytes: Vec<u8> = (0..n * k).flat_map(|_| special(&mut seed).to_le_bytes()).collect();
+    let bytes: Vec<u8> = (0..n * k)
+        .flat_map(|_| special(&mut seed).to_le_bytes())
+        .collect();
     let w = F32Matrix::from_bytes(&bytes, n, k).expect("layout");
     let x: Vec<f32> = (0..m * k).map(|_| special(&mut seed)).collect();
     let portable = w.matmul_at(&x, m, Isa::Portable);
@@ -130,8 +132,8 @@ fn zeros_denormals_and_infinities_give_the_same_bits_on_every_path() {
         assert!(same_bits(&w.matmul_at(&x, m, isa), &portable), "{isa:?}");
     }
     // Denormal products survive (no flush to zero on any path).
-    let tiny = F32Matrix::from_bytes(&f32::from_bits(8).to_le_bytes().repeat(16), 2, 8)
-        .expect("layout");
+    let tiny =
+        F32Matrix::from_bytes(&f32::from_bits(8).to_le_bytes().repeat(16), 2, 8).expect("layout");
     for isa in levels() {
         let y = tiny.matmul_at(&[0.5; 8], 1, isa);
         assert_eq!(y, vec![f32::from_bits(32), f32::from_bits(32)], "{isa:?}");
@@ -251,8 +253,8 @@ fn throughput() {
             });
             line += &format!(" {}={g:.1}", isa.name());
         }
-        let xt = candle_core::Tensor::from_vec(x.clone(), (m, k), &candle_core::Device::Cpu)
-            .expect("x");
+        let xt =
+            candle_core::Tensor::from_vec(x.clone(), (m, k), &candle_core::Device::Cpu).expect("x");
         let wt = candle_core::Tensor::from_vec(
             w.values.get().to_vec(),
             (n, k),

@@ -28,7 +28,8 @@ pub(super) mod avx2 {
             }
         }
         for ch in job.chunks.clone() {
-            let wv: [__m256; C] = std::array::from_fn(|i| _mm256_loadu_ps(w.add(i * k + ch * LANES)));
+            let wv: [__m256; C] =
+                std::array::from_fn(|i| _mm256_loadu_ps(w.add(i * k + ch * LANES)));
             for (r, sums_r) in sums.iter_mut().enumerate() {
                 let xv = _mm256_loadu_ps(x.add((ch * PANEL + r) * LANES));
                 for (s, v) in sums_r.iter_mut().zip(&wv) {

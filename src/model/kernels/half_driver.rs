@@ -57,8 +57,13 @@ pub(crate) trait PanelKernel: Sync {
     /// Adds the pass's chunks into `acc[c]` (weight row `c` of the pass) at level `isa`.
     fn accumulate(&self, pass: &Pass<'_, Self::Panels, Self::Weight>, isa: Isa, acc: &mut [Lanes]);
     /// The output of the pass's weight row `c` and panel row `r` from the sum of its lanes.
-    fn finish(&self, pass: &Pass<'_, Self::Panels, Self::Weight>, sum: f32, c: usize, r: usize)
-        -> f32;
+    fn finish(
+        &self,
+        pass: &Pass<'_, Self::Panels, Self::Weight>,
+        sum: f32,
+        c: usize,
+        r: usize,
+    ) -> f32;
 }
 
 /// The `m` packed activation rows times the kernel's matrix transposed: `[m, n]`.
