@@ -61,6 +61,19 @@ impl MappedBytes {
         let (pre, mid, post) = unsafe { bytes.align_to::<u16>() };
         (pre.is_empty() && post.is_empty()).then_some(mid)
     }
+
+    /// The bytes as little-endian `f32` values, borrowed, when their address is 4-aligned
+    /// and the target is little-endian (GGUF aligns tensor data to 32 bytes); `None` otherwise.
+    pub fn as_f32(&self) -> Option<&[f32]> {
+        let bytes = self.bytes();
+        if cfg!(target_endian = "big") || !bytes.len().is_multiple_of(4) {
+            return None;
+        }
+        // SAFETY: every bit pattern is a valid f32; `align_to` only yields a middle part that
+        // is correctly aligned, and an empty prefix and suffix mean it covers all the bytes.
+        let (pre, mid, post) = unsafe { bytes.align_to::<f32>() };
+        (pre.is_empty() && post.is_empty()).then_some(mid)
+    }
 }
 
 #[cfg(test)]

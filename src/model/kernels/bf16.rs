@@ -179,6 +179,7 @@ impl Bf16Matrix {
 
 impl PanelKernel for Bf16Matrix {
     type Panels = Panels;
+    type Weight = u16;
     const CHUNK: usize = CHUNK;
     /// 16 KiB of a panel's rows: L1.
     const K_SLICE: usize = 1024;

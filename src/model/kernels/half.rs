@@ -132,6 +132,7 @@ impl HalfMatrix {
 
 impl PanelKernel for HalfMatrix {
     type Panels = Panels;
+    type Weight = u16;
     const CHUNK: usize = LANES;
     /// 16 KiB of a panel's (f32) rows: L1.
     const K_SLICE: usize = 512;

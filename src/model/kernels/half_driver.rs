@@ -1,5 +1,5 @@
-//! The tiling and threading driver shared by the 16-bit weight kernels ([`super::half`] for
-//! F16, [`super::bf16`] for BF16): how the outputs are split over threads and how weight
+//! The tiling and threading driver shared by the float weight kernels ([`super::half`] for
+//! F16, [`super::bf16`] for BF16, [`super::f32_weights`] for F32): how the outputs are split over threads and how weight
 //! rows and activation panels are blocked for the caches. The kernels supply only their
 //! arithmetic ([`PanelKernel`]); neither the split nor the blocking changes any output's
 //! order of operations, so results are the same bits for any thread count.
@@ -25,10 +25,11 @@ const PANELS_PER_THREAD: usize = 8;
 /// at a time).
 pub(crate) const ROW_GROUP: usize = 12;
 
-/// One pass of a block of weight rows over a slice of one panel.
-pub(crate) struct Pass<'a, P> {
+/// One pass of a block of weight rows over a slice of one panel (weights of type `W`: the
+/// 16-bit kernels' bits or F32 values).
+pub(crate) struct Pass<'a, P, W = u16> {
     /// The weight rows, back to back (`k` values each).
-    pub w: &'a [u16],
+    pub w: &'a [W],
     /// The packed activations and the panel of them this pass reads.
     pub panels: &'a P,
     pub panel: usize,
@@ -38,10 +39,12 @@ pub(crate) struct Pass<'a, P> {
     pub live: usize,
 }
 
-/// What a 16-bit kernel supplies to [`matmul`].
+/// What a float weight kernel supplies to [`matmul`].
 pub(crate) trait PanelKernel: Sync {
     /// The activations, packed in panels of [`PANEL`] rows.
     type Panels: Sync;
+    /// One stored weight (its size sets the cache blocking).
+    type Weight: Sync;
     /// Values each lane step takes per weight row.
     const CHUNK: usize;
     /// Values of a panel's rows kept in L1 while a block of weight rows passes over them.
@@ -49,12 +52,18 @@ pub(crate) trait PanelKernel: Sync {
     /// `(n, k)`.
     fn shape(&self) -> (usize, usize);
     /// Weight rows `rows`, back to back.
-    fn rows(&self, rows: Range<usize>) -> &[u16];
+    fn rows(&self, rows: Range<usize>) -> &[Self::Weight];
     fn panel_count(panels: &Self::Panels) -> usize;
     /// Adds the pass's chunks into `acc[c]` (weight row `c` of the pass) at level `isa`.
-    fn accumulate(&self, pass: &Pass<'_, Self::Panels>, isa: Isa, acc: &mut [Lanes]);
+    fn accumulate(&self, pass: &Pass<'_, Self::Panels, Self::Weight>, isa: Isa, acc: &mut [Lanes]);
     /// The output of the pass's weight row `c` and panel row `r` from the sum of its lanes.
-    fn finish(&self, pass: &Pass<'_, Self::Panels>, sum: f32, c: usize, r: usize) -> f32;
+    fn finish(
+        &self,
+        pass: &Pass<'_, Self::Panels, Self::Weight>,
+        sum: f32,
+        c: usize,
+        r: usize,
+    ) -> f32;
 }
 
 /// The `m` packed activation rows times the kernel's matrix transposed: `[m, n]`.
@@ -123,7 +132,8 @@ fn block<K: PanelKernel>(
     // At least eight row groups, so that each slice of a panel serves many weight rows (a
     // block larger than L2 then streams from L3, which keeps up with eight rows' arithmetic
     // per weight).
-    let per_block = (WEIGHT_BLOCK_BYTES / (2 * k).max(1)).clamp(8 * ROW_GROUP, 16 * ROW_GROUP)
+    let row_bytes = std::mem::size_of::<K::Weight>() * k;
+    let per_block = (WEIGHT_BLOCK_BYTES / row_bytes.max(1)).clamp(8 * ROW_GROUP, 16 * ROW_GROUP)
         / ROW_GROUP
         * ROW_GROUP;
     let mut acc = vec![[0f32; PANEL * LANES]; per_block.min(width)];

@@ -19,7 +19,11 @@
 //! - [`bf16`]: BF16 weights kept 16-bit, multiplied in the order of AVX-512 BF16's
 //!   `vdpbf16ps` (two products per lane per instruction where the CPU has it; the other
 //!   levels perform the same FMAs). F16 stays with [`half`].
-//! - [`half_driver`]: the threading and cache blocking shared by [`half`] and [`bf16`].
+//! - [`f32_weights`]: F32 weights in `native` precision, used in place from the file's map, in
+//!   register tiles of eight activation rows (candle's f32 gemm, which copied them, ran the
+//!   SmolLM2 F32 export at 0.84× llama.cpp's speed).
+//! - [`half_driver`]: the threading and cache blocking shared by [`half`], [`bf16`] and
+//!   [`f32_weights`].
 //! - [`q4_0`] (Q4_0 × Q8_0): the weights repacked at load into interleaved groups of sixteen
 //!   rows (the file's bytes, reordered), one 32-bit lane per output, on [`panel`]'s panels.
 //! - [`kquant`] (Q4_K, Q5_K and Q6_K × Q8_K): the K-quant types of Q4_K_M / Q5_K_M / Q6_K
@@ -33,6 +37,7 @@
 
 pub mod attention;
 pub mod bf16;
+pub mod f32_weights;
 pub mod half;
 pub mod half_driver;
 pub mod int8;
@@ -93,13 +98,14 @@ pub fn own_matrix(
             k,
         )),
         GgmlDType::BF16 => boxed(bf16::Bf16Matrix::from_bytes(bytes, n, k)),
+        GgmlDType::F32 => boxed(f32_weights::F32Matrix::from_bytes(bytes, n, k)),
         _ => return None,
     };
     Some(m.ok_or_else(|| format!("a malformed {dtype:?} layout for [{n}, {k}]")))
 }
 
 /// [`own_matrix`] for a whole tensor still in the file's map: a kernel that can multiply the
-/// stored bytes as they are (BF16) keeps them there instead of copying them; every other
+/// stored bytes as they are (BF16, F32) keeps them there instead of copying them; every other
 /// type is [`own_matrix`] of the bytes.
 pub fn own_matrix_in_place(
     dtype: GgmlDType,
@@ -110,6 +116,11 @@ pub fn own_matrix_in_place(
     match dtype {
         GgmlDType::BF16 => Some(
             bf16::Bf16Matrix::from_mapped(mapped, n, k)
+                .map(|m| Arc::new(m) as Arc<dyn OwnMatrix>)
+                .ok_or_else(|| format!("a malformed {dtype:?} layout for [{n}, {k}]")),
+        ),
+        GgmlDType::F32 => Some(
+            f32_weights::F32Matrix::from_mapped(mapped, n, k)
                 .map(|m| Arc::new(m) as Arc<dyn OwnMatrix>)
                 .ok_or_else(|| format!("a malformed {dtype:?} layout for [{n}, {k}]")),
         ),

@@ -1,0 +1,331 @@
+//! F32 weight matrices in `native` precision, multiplied in register tiles of eight activation
+//! rows on the shared driver ([`super::half_driver`]), used in place from the model file's map.
+//!
+//! Why: an F32 GGUF's matrices went through candle's f32 gemm, which ran the SmolLM2 F32
+//! export at 0.84× llama.cpp's tokens/s; candle also copied every matrix out of the map.
+//! Here the file's values are read where they lie (no copy, no new memory) and each weight
+//! loaded into a register serves eight activation rows.
+//!
+//! Arithmetic: the activations are used as they are (f32, as llama.cpp's `vec_dot_type` for
+//! F32). Each output element is computed in one fixed order, whatever the instruction set,
+//! thread count or position of its row in the batch: eight lanes, lane `l` accumulating
+//! `fma(w[8c+l], x[8c+l], acc_l)` for `c = 0, 1, …`, then ggml's `hsum_float_8` order
+//! `((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7))`, then the last `k mod 8` products added one at a
+//! time by fused multiply-adds. The AVX2 path keeps one lane set per 256-bit register, the
+//! AVX-512 path two activation rows per 512-bit register, the portable path is the scalar
+//! definition (`f32::mul_add`): all three give the same bits.
+//!
+//! Layout: the weights as the file's row-major f32 values; the activations packed once per
+//! matmul in panels of [`PANEL`] rows, chunk-major (`[chunk][row][8 lanes]`, then the `k mod 8`
+//! tail values row by row).
+
+use rayon::prelude::*;
+
+use super::Isa;
+use crate::model::mapped::MappedBytes;
+
+pub use super::half_driver::PANEL;
+use super::half_driver::{Lanes, PanelKernel, Pass, LANES};
+
+/// A weight matrix `[n, k]` of f32 values.
+pub struct F32Matrix {
+    n: usize,
+    k: usize,
+    values: Values,
+}
+
+/// Where the weights lie: in the model file's map, used in place, or in a copy of ours (bytes
+/// not in a map, or a map not 4-aligned).
+enum Values {
+    Mapped(MappedBytes),
+    Owned(Vec<f32>),
+}
+
+impl Values {
+    fn get(&self) -> &[f32] {
+        match self {
+            // `from_mapped` only keeps maps that read as f32.
+            Values::Mapped(m) => m.as_f32().unwrap_or_default(),
+            Values::Owned(v) => v,
+        }
+    }
+}
+
+impl F32Matrix {
+    /// From the little-endian bytes of a `[n, k]` GGUF F32 tensor (copied).
+    pub fn from_bytes(bytes: &[u8], n: usize, k: usize) -> Option<Self> {
+        if k == 0 || n.checked_mul(k)?.checked_mul(4)? != bytes.len() {
+            return None;
+        }
+        let values = bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        Some(Self {
+            n,
+            k,
+            values: Values::Owned(values),
+        })
+    }
+
+    /// From a tensor still in the file's map: used in place (no copy) when the map reads as
+    /// f32, else as [`Self::from_bytes`].
+    pub fn from_mapped(mapped: &MappedBytes, n: usize, k: usize) -> Option<Self> {
+        if k == 0 || n.checked_mul(k)?.checked_mul(4)? != mapped.bytes().len() {
+            return None;
+        }
+        if mapped.as_f32().is_none() {
+            return Self::from_bytes(mapped.bytes(), n, k);
+        }
+        Some(Self {
+            n,
+            k,
+            values: Values::Mapped(mapped.keep()),
+        })
+    }
+
+    /// Whether the weights are used where they lie in the model file's map.
+    pub fn is_in_place(&self) -> bool {
+        matches!(self.values, Values::Mapped(_))
+    }
+
+    pub fn shape(&self) -> (usize, usize) {
+        (self.n, self.k)
+    }
+
+    /// Bytes held: four per weight.
+    pub fn storage_bytes(&self) -> usize {
+        self.values.get().len() * 4
+    }
+
+    /// Row `j` as stored.
+    pub fn dequantize_row(&self, j: usize, out: &mut [f32]) {
+        out.copy_from_slice(&self.values.get()[j * self.k..(j + 1) * self.k]);
+    }
+
+    /// `x [m, k]` (row-major) times this matrix transposed: `[m, n]`, at the level
+    /// [`super::isa`] allows.
+    pub fn matmul(&self, x: &[f32], m: usize) -> Vec<f32> {
+        self.matmul_at(x, m, super::isa())
+    }
+
+    /// [`Self::matmul`] at a given level (capped to what this CPU runs): every level gives the
+    /// same bits.
+    pub fn matmul_at(&self, x: &[f32], m: usize, isa: Isa) -> Vec<f32> {
+        let isa = isa.min(cpu_level());
+        assert_eq!(x.len(), m * self.k, "activation shape");
+        let a = Panels::pack(x, m, self.k);
+        super::half_driver::matmul(self, &a, m, isa)
+    }
+}
+
+impl PanelKernel for F32Matrix {
+    type Panels = Panels;
+    type Weight = f32;
+    const CHUNK: usize = LANES;
+    /// 16 KiB of a panel's rows: L1.
+    const K_SLICE: usize = 512;
+
+    fn shape(&self) -> (usize, usize) {
+        (self.n, self.k)
+    }
+
+    fn rows(&self, rows: std::ops::Range<usize>) -> &[f32] {
+        &self.values.get()[rows.start * self.k..rows.end * self.k]
+    }
+
+    fn panel_count(panels: &Panels) -> usize {
+        panels.panels()
+    }
+
+    fn accumulate(&self, pass: &Pass<'_, Panels, f32>, isa: Isa, acc: &mut [Lanes]) {
+        accumulate(&self.job(pass), isa, acc)
+    }
+
+    fn finish(&self, pass: &Pass<'_, Panels, f32>, sum: f32, c: usize, r: usize) -> f32 {
+        self.job(pass).finish(sum, c, r)
+    }
+}
+
+impl F32Matrix {
+    fn job<'a>(&self, pass: &Pass<'a, Panels, f32>) -> Job<'a> {
+        Job {
+            w: pass.w,
+            k: self.k,
+            panel: pass.panels.panel(pass.panel),
+            chunks: pass.chunks.clone(),
+            live: pass.live,
+        }
+    }
+}
+
+/// One pass of weight rows over a slice of a panel.
+pub(crate) struct Job<'a> {
+    /// The weight rows, back to back (`k` values each).
+    pub w: &'a [f32],
+    pub k: usize,
+    pub panel: PanelRef<'a>,
+    /// The chunks of eight values this pass adds.
+    pub chunks: std::ops::Range<usize>,
+    /// Rows of the panel that hold activations.
+    pub live: usize,
+}
+
+impl Job<'_> {
+    fn rows(&self) -> usize {
+        self.w.len() / self.k.max(1)
+    }
+
+    /// The output of weight row `c` and panel row `r` from the sum of its lanes: the
+    /// `k mod 8` tail products added one at a time.
+    fn finish(&self, sum: f32, c: usize, r: usize) -> f32 {
+        let tail = self.k % LANES;
+        if tail == 0 {
+            return sum;
+        }
+        let w = &self.w[c * self.k + self.k - tail..][..tail];
+        let x = &self.panel.tail[r * tail..][..tail];
+        w.iter().zip(x).fold(sum, |s, (&w, &x)| w.mul_add(x, s))
+    }
+}
+
+/// Adds the job's chunks into `acc[c][r·8 + l]` (weight row `c`, panel row `r`, lane `l`) at
+/// level `isa`: every level performs the same fused multiply-adds in the same order.
+fn accumulate(job: &Job<'_>, isa: Isa, acc: &mut [Lanes]) {
+    assert!(acc.len() == job.rows() && job.w.len() == job.rows() * job.k);
+    assert!(job.panel.chunks.len() >= job.chunks.end * PANEL * LANES);
+    assert!(job.live <= PANEL);
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: `isa` was capped by what this CPU executes (see `cpu_level`); the lengths
+        // were checked above.
+        if isa >= Isa::Avx512 {
+            unsafe { x86::avx512::accumulate(job, acc) };
+            return;
+        }
+        if isa >= Isa::Avx2 {
+            unsafe { x86::avx2::accumulate(job, acc) };
+            return;
+        }
+    }
+    let _ = isa;
+    accumulate_portable(job, acc);
+}
+
+/// The definition, one lane at a time.
+pub(crate) fn accumulate_portable(job: &Job<'_>, acc: &mut [Lanes]) {
+    for (c, acc_c) in acc.iter_mut().enumerate() {
+        let w = &job.w[c * job.k..][..job.k];
+        for r in 0..job.live {
+            for ch in job.chunks.clone() {
+                let x = &job.panel.chunks[(ch * PANEL + r) * LANES..][..LANES];
+                for l in 0..LANES {
+                    let a = &mut acc_c[r * LANES + l];
+                    *a = w[ch * LANES + l].mul_add(x[l], *a);
+                }
+            }
+        }
+    }
+}
+
+/// The highest level this CPU executes for this kernel, whatever `PPL_ISA` says (tests ask
+/// for each level explicitly; [`F32Matrix::matmul`] follows [`super::isa`]). The lane sums
+/// are reduced by [`super::half::reduce`], whose AVX2 path also needs F16C's presence in
+/// the level (every AVX2 CPU has it).
+pub(crate) fn cpu_level() -> Isa {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let avx2 = is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c");
+        let avx512 = avx2 && is_x86_feature_detected!("avx512f");
+        match (avx2, avx512) {
+            (true, true) => Isa::Avx512,
+            (true, false) => Isa::Avx2,
+            _ => Isa::Portable,
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    Isa::Portable
+}
+
+impl super::OwnMatrix for F32Matrix {
+    fn shape(&self) -> (usize, usize) {
+        (self.n, self.k)
+    }
+
+    fn storage_bytes(&self) -> usize {
+        self.storage_bytes()
+    }
+
+    fn matmul(&self, x: &[f32], m: usize) -> Vec<f32> {
+        self.matmul(x, m)
+    }
+
+    fn dequantize_row(&self, j: usize, out: &mut [f32]) {
+        self.dequantize_row(j, out)
+    }
+}
+
+/// Activations packed in panels of [`PANEL`] rows: per panel, `[chunk][row][lane]`, then
+/// `[row][k mod 8]`; rows past `m` are zero.
+pub struct Panels {
+    rows: usize,
+    chunks: usize,
+    tail: usize,
+    data: Vec<f32>,
+}
+
+/// One panel: `chunks[(c·PANEL + r)·8 + l]` is row `r`'s value `8c + l`; `tail[r·t + i]` its
+/// value `8·chunks + i`.
+#[derive(Clone, Copy)]
+pub struct PanelRef<'a> {
+    pub chunks: &'a [f32],
+    pub tail: &'a [f32],
+}
+
+impl Panels {
+    /// Packs `x [m, k]` (the values unchanged).
+    pub fn pack(x: &[f32], m: usize, k: usize) -> Self {
+        let (chunks, tail) = (k / LANES, k % LANES);
+        let per_panel = PANEL * k;
+        let mut data = vec![0f32; m.div_ceil(PANEL) * per_panel];
+        data.par_chunks_mut(per_panel)
+            .enumerate()
+            .for_each(|(p, panel)| {
+                let (body, tail_part) = panel.split_at_mut(chunks * PANEL * LANES);
+                for r in 0..PANEL.min(m - p * PANEL) {
+                    let row = &x[(p * PANEL + r) * k..][..k];
+                    for (c, src) in row.chunks_exact(LANES).enumerate() {
+                        body[(c * PANEL + r) * LANES..][..LANES].copy_from_slice(src);
+                    }
+                    tail_part[r * tail..][..tail].copy_from_slice(&row[chunks * LANES..]);
+                }
+            });
+        Self {
+            rows: m,
+            chunks,
+            tail,
+            data,
+        }
+    }
+
+    pub fn panels(&self) -> usize {
+        self.rows.div_ceil(PANEL)
+    }
+
+    pub fn panel(&self, p: usize) -> PanelRef<'_> {
+        let per_panel = PANEL * (self.chunks * LANES + self.tail);
+        let (chunks, tail) =
+            self.data[p * per_panel..][..per_panel].split_at(self.chunks * PANEL * LANES);
+        PanelRef { chunks, tail }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[path = "f32_weights_x86.rs"]
+mod x86;
+
+#[cfg(test)]
+#[path = "f32_weights_tests.rs"]
+mod tests;

@@ -1,0 +1,269 @@
+use super::super::panel::tests::lcg;
+use super::*;
+
+/// Random weights spread over several binades, as file bytes.
+fn random_bytes(n: usize, k: usize, seed: &mut u64) -> Vec<u8> {
+    (0..n * k)
+        .flat_map(|_| (lcg(seed) * 2f32.powi((lcg(seed) * 6.0) as i32)).to_le_bytes())
+        .collect()
+}
+
+fn random_x(len: usize, seed: &mut u64) -> Vec<f32> {
+    (0..len)
+        .map(|_| lcg(seed) * 3.0 * 2f32.powi((lcg(seed) * 4.0) as i32))
+        .collect()
+}
+
+/// The products in f64, and the sum of their magnitudes (the scale of f32's rounding error).
+fn naive(w: &F32Matrix, x: &[f32], m: usize) -> Vec<(f64, f64)> {
+    let (n, k) = w.shape();
+    let values = w.values.get();
+    let mut out = Vec::with_capacity(m * n);
+    for row in 0..m {
+        for j in 0..n {
+            let (mut s, mut mag) = (0f64, 0f64);
+            for e in 0..k {
+                let p = values[j * k + e] as f64 * x[row * k + e] as f64;
+                s += p;
+                mag += p.abs();
+            }
+            out.push((s, mag));
+        }
+    }
+    out
+}
+
+/// The definition written out for one output: lane sums by fused multiply-adds, ggml's
+/// `hsum_float_8`, then the tail one product at a time.
+fn definition(w: &[f32], x: &[f32]) -> f32 {
+    let chunks = w.len() / LANES;
+    let mut lanes = [0f32; LANES];
+    for c in 0..chunks {
+        for (l, a) in lanes.iter_mut().enumerate() {
+            *a = w[c * LANES + l].mul_add(x[c * LANES + l], *a);
+        }
+    }
+    let sum = super::super::panel::hsum8(&lanes);
+    w[chunks * LANES..]
+        .iter()
+        .zip(&x[chunks * LANES..])
+        .fold(sum, |s, (&w, &x)| w.mul_add(x, s))
+}
+
+/// Rows not a multiple of the panel (8), outputs not a multiple of any tile (3, 6, 12), k not
+/// a multiple of the lanes (8) nor of a K slice (512).
+const SHAPES: [(usize, usize, usize); 9] = [
+    (1, 1, 1),
+    (3, 5, 7),
+    (9, 13, 37),
+    (17, 30, 64),
+    (8, 25, 200),
+    (33, 12, 129),
+    (5, 4, 8),
+    (12, 49, 576),
+    (19, 23, 1100),
+];
+
+fn levels() -> Vec<Isa> {
+    [Isa::Portable, Isa::Avx2, Isa::Avx512]
+        .into_iter()
+        .filter(|&l| l <= cpu_level())
+        .collect()
+}
+
+fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+#[test]
+fn matches_naive_reference_and_every_path_gives_the_same_bits() {
+    let mut seed = 17;
+    let mut checked_levels = 0;
+    for &(m, n, k) in &SHAPES {
+        let w = F32Matrix::from_bytes(&random_bytes(n, k, &mut seed), n, k).expect("layout");
+        let x = random_x(m * k, &mut seed);
+        let want = naive(&w, &x, m);
+        let portable = w.matmul_at(&x, m, Isa::Portable);
+        for (i, (&g, &(e, mag))) in portable.iter().zip(&want).enumerate() {
+            let g = g as f64;
+            assert!(
+                (g - e).abs() <= 1e-6 * mag + 1e-30,
+                "({m},{n},{k}) [{i}] {g} vs {e}"
+            );
+        }
+        // The portable path is the definition, output by output.
+        for (i, &g) in portable.iter().enumerate() {
+            let (row, j) = (i / n, i % n);
+            let d = definition(&w.values.get()[j * k..][..k], &x[row * k..][..k]);
+            assert_eq!(g.to_bits(), d.to_bits(), "({m},{n},{k}) [{i}]");
+        }
+        for isa in levels() {
+            let got = w.matmul_at(&x, m, isa);
+            assert!(
+                same_bits(&got, &portable),
+                "({m},{n},{k}) {isa:?} differs from portable"
+            );
+            checked_levels += 1;
+        }
+        assert!(same_bits(&w.matmul(&x, m), &portable));
+    }
+    assert_eq!(checked_levels, SHAPES.len() * levels().len());
+}
+
+#[test]
+fn zeros_denormals_and_infinities_give_the_same_bits_on_every_path() {
+    let mut seed = 41;
+    let (m, n, k) = (11, 14, 45);
+    let special = |seed: &mut u64| match (lcg(seed).abs() * 8.0) as u32 {
+        0 => 0.0,
+        1 => -0.0,
+        2 => f32::from_bits(1 + (lcg(seed).abs() * 1000.0) as u32),
+        3 => 1e-38 * lcg(seed),
+        4 => 1e30 * lcg(seed),
+        _ => lcg(seed),
+    };
+    let bytes: Vec<u8> = (0..n * k)
+        .flat_map(|_| special(&mut seed).to_le_bytes())
+        .collect();
+    let w = F32Matrix::from_bytes(&bytes, n, k).expect("layout");
+    let x: Vec<f32> = (0..m * k).map(|_| special(&mut seed)).collect();
+    let portable = w.matmul_at(&x, m, Isa::Portable);
+    for isa in levels() {
+        assert!(same_bits(&w.matmul_at(&x, m, isa), &portable), "{isa:?}");
+    }
+    // Denormal products survive (no flush to zero on any path).
+    let tiny =
+        F32Matrix::from_bytes(&f32::from_bits(8).to_le_bytes().repeat(16), 2, 8).expect("layout");
+    for isa in levels() {
+        let y = tiny.matmul_at(&[0.5; 8], 1, isa);
+        assert_eq!(y, vec![f32::from_bits(32), f32::from_bits(32)], "{isa:?}");
+    }
+}
+
+#[test]
+fn weights_in_the_file_map_are_used_in_place_with_the_same_bits() {
+    use crate::model::mapped::{tests::map_of, MappedBytes};
+    let mut seed = 9;
+    let (m, n, k) = (10, 27, 52);
+    let bytes = random_bytes(n, k, &mut seed);
+    let x = random_x(m * k, &mut seed);
+    let want = F32Matrix::from_bytes(&bytes, n, k)
+        .expect("layout")
+        .matmul_at(&x, m, Isa::Portable);
+    let mut file = vec![0u8; 32];
+    file.extend(&bytes);
+    let mapped = MappedBytes::new(map_of(&file), 32, bytes.len()).expect("inside");
+    let in_place = F32Matrix::from_mapped(&mapped, n, k).expect("layout");
+    assert!(in_place.is_in_place() && mapped.is_kept());
+    assert_eq!(in_place.storage_bytes(), n * k * 4);
+    for isa in levels() {
+        assert!(same_bits(&in_place.matmul_at(&x, m, isa), &want), "{isa:?}");
+    }
+    // A misaligned tensor is copied instead, with the same results.
+    let mut odd = vec![0u8; 33];
+    odd.extend(&bytes);
+    let mapped = MappedBytes::new(map_of(&odd), 33, bytes.len()).expect("inside");
+    let copy = F32Matrix::from_mapped(&mapped, n, k).expect("layout");
+    assert!(!copy.is_in_place() && !mapped.is_kept());
+    assert!(same_bits(&copy.matmul_at(&x, m, Isa::Portable), &want));
+    // A wrong length is refused.
+    let mapped = MappedBytes::new(map_of(&file), 32, bytes.len() - 4).expect("inside");
+    assert!(F32Matrix::from_mapped(&mapped, n, k).is_none());
+}
+
+#[test]
+fn rows_do_not_depend_on_their_neighbours_or_the_thread_count() {
+    let mut seed = 5;
+    let (n, k) = (41, 72);
+    let w = F32Matrix::from_bytes(&random_bytes(n, k, &mut seed), n, k).expect("layout");
+    // 26 panels: split by panels up to 3 threads, by weight rows beyond.
+    let m = 201;
+    let x = random_x(m * k, &mut seed);
+    let all = w.matmul(&x, m);
+    for r in [0, 5, 16, 36, 200] {
+        let one = w.matmul(&x[r * k..(r + 1) * k], 1);
+        assert_eq!(&all[r * n..(r + 1) * n], one.as_slice());
+    }
+    let tail = w.matmul(&x[3 * k..], m - 3);
+    assert_eq!(&all[3 * n..], tail.as_slice());
+    for threads in [1, 3, 8] {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .expect("pool");
+        assert_eq!(pool.install(|| w.matmul(&x, m)), all);
+        let few = pool.install(|| w.matmul(&x[..3 * k], 3));
+        assert_eq!(few.as_slice(), &all[..3 * n]);
+    }
+}
+
+#[test]
+fn malformed_layouts_are_refused_and_rows_are_the_stored_values() {
+    assert!(F32Matrix::from_bytes(&[0; 20], 2, 3).is_none());
+    assert!(F32Matrix::from_bytes(&[0; 24], 2, 3).is_some());
+    assert!(F32Matrix::from_bytes(&[], usize::MAX, 3).is_none());
+    assert!(F32Matrix::from_bytes(&[], 4, 0).is_none());
+    let mut seed = 29;
+    let (n, k) = (3, 40);
+    let bytes = random_bytes(n, k, &mut seed);
+    let w = F32Matrix::from_bytes(&bytes, n, k).expect("layout");
+    for j in 0..n {
+        let mut row = vec![0f32; k];
+        w.dequantize_row(j, &mut row);
+        let want: Vec<f32> = bytes[j * k * 4..(j + 1) * k * 4]
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        assert!(same_bits(&row, &want), "row {j}");
+    }
+}
+
+/// Throughput per level: `cargo test --release --lib kernels::f32_weights::tests::throughput
+/// -- --ignored --nocapture` (`PPL_BENCH_THREADS`, default 2).
+#[test]
+#[ignore]
+fn throughput() {
+    let threads = std::env::var("PPL_BENCH_THREADS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(2);
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .expect("pool");
+    let mut seed = 1;
+    for &(m, n, k) in &[(512, 1536, 576), (512, 576, 1536), (512, 576, 576)] {
+        let x = random_x(m * k, &mut seed);
+        let w = F32Matrix::from_bytes(&random_bytes(n, k, &mut seed), n, k).expect("layout");
+        let flops = 2.0 * (m * n * k) as f64;
+        let time = |f: &(dyn Fn() + Sync)| {
+            pool.install(|| {
+                f();
+                let t = std::time::Instant::now();
+                for _ in 0..5 {
+                    f();
+                }
+                flops / (t.elapsed().as_secs_f64() / 5.0) / 1e9
+            })
+        };
+        let mut line = format!("m={m} [{n} x {k}] {threads} threads GFLOP/s:");
+        for isa in levels().into_iter().filter(|&l| l >= Isa::Avx2) {
+            let g = time(&|| {
+                std::hint::black_box(w.matmul_at(&x, m, isa));
+            });
+            line += &format!(" {}={g:.1}", isa.name());
+        }
+        let xt =
+            candle_core::Tensor::from_vec(x.clone(), (m, k), &candle_core::Device::Cpu).expect("x");
+        let wt = candle_core::Tensor::from_vec(
+            w.values.get().to_vec(),
+            (n, k),
+            &candle_core::Device::Cpu,
+        )
+        .expect("w");
+        let g = time(&|| {
+            std::hint::black_box(xt.matmul(&wt.t().expect("t")).expect("matmul"));
+        });
+        println!("{line}; candle gemm {g:.1}");
+    }
+}

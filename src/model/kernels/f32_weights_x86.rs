@@ -1,0 +1,138 @@
+//! The x86 micro-kernels of [`super`]: each performs [`super::accumulate_portable`]'s fused
+//! multiply-adds in the same order per lane, only several lanes and outputs at a time. The
+//! lane sums of weight row `c` live in `acc[c]` as `[panel row][8 lanes]`, which is also one
+//! 512-bit register per pair of panel rows.
+
+use super::{Job, LANES, PANEL};
+
+/// Lane sums of one weight row against the eight panel rows.
+type Lanes = [f32; PANEL * LANES];
+
+pub(super) mod avx2 {
+    use super::{Job, Lanes, LANES, PANEL};
+    use std::arch::x86_64::*;
+
+    /// Panel rows per register tile (a panel is two halves).
+    const ROWS: usize = 4;
+
+    /// `C` weight rows from row `c0` × panel rows `4h..4h+4` over the job's chunks.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn tile<const C: usize>(job: &Job<'_>, c0: usize, h: usize, acc: &mut [Lanes]) {
+        let (k, w) = (job.k, job.w.as_ptr().add(c0 * job.k));
+        let x = job.panel.chunks.as_ptr().add(h * ROWS * LANES);
+        let mut sums = [[_mm256_setzero_ps(); C]; ROWS];
+        for (r, sums_r) in sums.iter_mut().enumerate() {
+            for (c, s) in sums_r.iter_mut().enumerate() {
+                *s = _mm256_loadu_ps(acc[c0 + c].as_ptr().add((h * ROWS + r) * LANES));
+            }
+        }
+        for ch in job.chunks.clone() {
+            let wv: [__m256; C] =
+                std::array::from_fn(|i| _mm256_loadu_ps(w.add(i * k + ch * LANES)));
+            for (r, sums_r) in sums.iter_mut().enumerate() {
+                let xv = _mm256_loadu_ps(x.add((ch * PANEL + r) * LANES));
+                for (s, v) in sums_r.iter_mut().zip(&wv) {
+                    *s = _mm256_fmadd_ps(*v, xv, *s);
+                }
+            }
+        }
+        for (r, sums_r) in sums.iter().enumerate() {
+            for (c, s) in sums_r.iter().enumerate() {
+                _mm256_storeu_ps(acc[c0 + c].as_mut_ptr().add((h * ROWS + r) * LANES), *s);
+            }
+        }
+    }
+
+    /// Every weight row of the job, three at a time (12 sums, 3 weights and an activation:
+    /// the 16 registers), over the panel's live halves.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and FMA; `acc` holds one entry per weight row and the panel
+    /// the job's chunks (checked by the caller).
+    #[target_feature(enable = "avx2,fma")]
+    pub(in super::super) unsafe fn accumulate(job: &Job<'_>, acc: &mut [Lanes]) {
+        let rows = acc.len();
+        for h in 0..job.live.div_ceil(ROWS) {
+            let mut c0 = 0;
+            while c0 < rows {
+                match rows - c0 {
+                    3.. => tile::<3>(job, c0, h, acc),
+                    2 => tile::<2>(job, c0, h, acc),
+                    _ => tile::<1>(job, c0, h, acc),
+                }
+                c0 += (rows - c0).min(3);
+            }
+        }
+    }
+}
+
+pub(super) mod avx512 {
+    use super::{Job, Lanes, LANES, PANEL};
+    use std::arch::x86_64::*;
+
+    /// Pairs of panel rows: register `q` holds row `2q`'s eight lanes in its low half and row
+    /// `2q+1`'s in its high half.
+    const PAIRS: usize = PANEL / 2;
+    /// Weight rows per register tile: 24 sums, 6 weights and an activation of the 32
+    /// registers.
+    const COLS: usize = 6;
+
+    /// Eight weights in both halves of a register (`vbroadcastf64x4`: AVX-512F only).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    unsafe fn weights_x2(p: *const f32) -> __m512 {
+        _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(p))))
+    }
+
+    /// `C` weight rows from row `c0` × the eight panel rows over the job's chunks.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    unsafe fn tile<const C: usize>(job: &Job<'_>, c0: usize, acc: &mut [Lanes]) {
+        let (k, w) = (job.k, job.w.as_ptr().add(c0 * job.k));
+        let x = job.panel.chunks.as_ptr();
+        let mut sums = [[_mm512_setzero_ps(); C]; PAIRS];
+        for (q, sums_q) in sums.iter_mut().enumerate() {
+            for (c, s) in sums_q.iter_mut().enumerate() {
+                *s = _mm512_loadu_ps(acc[c0 + c].as_ptr().add(2 * q * LANES));
+            }
+        }
+        for ch in job.chunks.clone() {
+            let wv: [__m512; C] = std::array::from_fn(|i| weights_x2(w.add(i * k + ch * LANES)));
+            for (q, sums_q) in sums.iter_mut().enumerate() {
+                let xv = _mm512_loadu_ps(x.add((ch * PANEL + 2 * q) * LANES));
+                for (s, v) in sums_q.iter_mut().zip(&wv) {
+                    *s = _mm512_fmadd_ps(*v, xv, *s);
+                }
+            }
+        }
+        for (q, sums_q) in sums.iter().enumerate() {
+            for (c, s) in sums_q.iter().enumerate() {
+                _mm512_storeu_ps(acc[c0 + c].as_mut_ptr().add(2 * q * LANES), *s);
+            }
+        }
+    }
+
+    /// Every weight row of the job, [`COLS`] at a time, over the whole panel (rows past the
+    /// live ones are zero in the panel and never read back).
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F, AVX2 and FMA; `acc` holds one entry per weight row and
+    /// the panel the job's chunks (checked by the caller).
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub(in super::super) unsafe fn accumulate(job: &Job<'_>, acc: &mut [Lanes]) {
+        let rows = acc.len();
+        let mut c0 = 0;
+        while c0 < rows {
+            match rows - c0 {
+                COLS.. => tile::<COLS>(job, c0, acc),
+                5 => tile::<5>(job, c0, acc),
+                4 => tile::<4>(job, c0, acc),
+                3 => tile::<3>(job, c0, acc),
+                2 => tile::<2>(job, c0, acc),
+                _ => tile::<1>(job, c0, acc),
+            }
+            c0 += (rows - c0).min(COLS);
+        }
+    }
+}
