@@ -107,16 +107,25 @@ fn pipeline_config_runs_two_stages() {
 }
 
 #[test]
-fn not_yet_supported_configs_are_refused_with_the_reason() {
+fn unsupported_configs_are_refused_with_the_reason() {
     let dir = tempfile::tempdir().unwrap();
     ppl(dir.path())
         .args(["eval", "--config"])
         .arg(config("pp.yaml"))
-        .args(["--set", "parallel.cp=2", "--set", "parallel.pp=1"])
+        .args(["--set", "parallel.cp=3", "--set", "parallel.pp=1"])
         .assert()
         .failure()
-        .stderr(contains("--cp 2"))
-        .stderr(contains("not supported yet"));
+        .stderr(contains("--cp 3 cuts each window into 2·cp = 6 equal chunks"))
+        .stderr(contains("use --ctx 510 or 516"));
+    // Context parallelism cuts equal windows: stride windows are refused with the rule.
+    ppl(dir.path())
+        .args(["eval", "--config"])
+        .arg(config("pp.yaml"))
+        .args(["--set", "parallel.cp=2", "--set", "parallel.pp=1"])
+        .args(["--set", "data.method=stride"])
+        .assert()
+        .failure()
+        .stderr(contains("--cp 2 works with --method chunks only"));
     // bf16 activations exist for whole models, not for pipeline stages (yet).
     ppl(dir.path())
         .args(["eval", "--config"])
