@@ -115,7 +115,9 @@ fn unsupported_configs_are_refused_with_the_reason() {
         .args(["--set", "parallel.cp=3", "--set", "parallel.pp=1"])
         .assert()
         .failure()
-        .stderr(contains("--cp 3 cuts each window into 2·cp = 6 equal chunks"))
+        .stderr(contains(
+            "--cp 3 cuts each window into 2·cp = 6 equal chunks",
+        ))
         .stderr(contains("use --ctx 510 or 516"));
     // Context parallelism cuts equal windows: stride windows are refused with the rule.
     ppl(dir.path())
