@@ -14,6 +14,7 @@
 
 mod spm;
 
+use rayon::prelude::*;
 use tokenizers::models::bpe::BPE;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::digits::Digits;
@@ -464,11 +465,19 @@ impl Tokenizer {
                             } else {
                                 usize::MAX
                             };
-                            for piece in pieces(t, piece_bytes) {
-                                let enc = tok
-                                    .encode_fast(piece, false)
-                                    .map_err(|e| TokenizeError::Encode(e.to_string()))?;
-                                ids.extend_from_slice(enc.get_ids());
+                            // The pieces' ids are the whole text's ids (see `pieces`), so
+                            // they may be encoded at once on every core and joined in order.
+                            let pieces: Vec<&str> = pieces(t, piece_bytes).collect();
+                            let encoded: Vec<Vec<u32>> = pieces
+                                .par_iter()
+                                .map(|piece| {
+                                    tok.encode_fast(*piece, false)
+                                        .map(|enc| enc.get_ids().to_vec())
+                                        .map_err(|e| TokenizeError::Encode(e.to_string()))
+                                })
+                                .collect::<Result<_>>()?;
+                            for piece_ids in encoded {
+                                ids.extend_from_slice(&piece_ids);
                             }
                         }
                         Model::Spm(spm) => {
