@@ -45,11 +45,6 @@ fn half_bad(b: &[u8], at: usize) -> bool {
     h & 0x7c00 == 0x7c00
 }
 
-fn bf16_bad(b: &[u8], at: usize) -> bool {
-    let h = u16::from_le_bytes([b[at], b[at + 1]]);
-    h & 0x7f80 == 0x7f80
-}
-
 fn single_bad(b: &[u8], at: usize) -> bool {
     let x = u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
     x & 0x7f80_0000 == 0x7f80_0000
@@ -65,22 +60,49 @@ fn value(b: &[u8], at: usize, bytes: usize) -> f32 {
 /// Bytes per parallel span of the dense scan (a multiple of every element width).
 const SPAN_BYTES: usize = 1 << 18;
 
-/// The index of the first element of `width` bytes for which `bad` holds: the spans are
-/// tested in parallel without early exits (which vectorises; one pass over a 2 GB BF16 model
-/// element by element took a tenth of its load), then the first bad span element by element.
-fn first_bad_element<F>(bytes: &[u8], width: usize, bad: F) -> Option<usize>
-where
-    F: Fn(&[u8], usize) -> bool + Sync,
-{
+/// Whether any `width`-byte (2 or 4) little-endian element of `span` has every bit of `exp`
+/// (its exponent field) set, i.e. is an infinity or a NaN: eight bytes at a time with word
+/// arithmetic, no branch per element, so that it vectorises (a per-element test was most of
+/// a 2 GB BF16 model's load).
+fn span_has_non_finite(span: &[u8], width: usize, exp: u64) -> bool {
+    // A lane is bad when `(x & exp) ^ exp` is zero; "some lane of t is zero" is exactly
+    // `(t - ones) & !t & highs != 0` (the classic zero-lane test: no lane borrows unless a
+    // lower lane is zero, so it never fires without one).
+    let (ones, highs) = if width == 2 {
+        (0x0001_0001_0001_0001u64, 0x8000_8000_8000_8000u64)
+    } else {
+        (0x0000_0001_0000_0001u64, 0x8000_0000_8000_0000u64)
+    };
+    let mask = exp.wrapping_mul(ones);
+    let words = span.chunks_exact(8);
+    let rest = words.remainder();
+    let any = words.fold(false, |any, w| {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(w);
+        let t = (u64::from_le_bytes(word) & mask) ^ mask;
+        any | (t.wrapping_sub(ones) & !t & highs != 0)
+    });
+    any || rest.chunks_exact(width).any(|e| {
+        let x = e
+            .iter()
+            .rev()
+            .fold(0u64, |acc, &b| (acc << 8) | u64::from(b));
+        x & exp == exp
+    })
+}
+
+/// The index of the first element of `width` bytes whose exponent field `exp` is all ones:
+/// the spans are tested in parallel without early exits, then the first bad span element by
+/// element.
+fn first_bad_element(bytes: &[u8], width: usize, exp: u64) -> Option<usize> {
     use rayon::prelude::*;
-    let span = bytes.par_chunks(SPAN_BYTES).position_first(|span| {
-        span.chunks_exact(width)
-            .fold(false, |any, value| any | bad(value, 0))
-    })?;
+    let span = bytes
+        .par_chunks(SPAN_BYTES)
+        .position_first(|span| span_has_non_finite(span, width, exp))?;
     let base = span * SPAN_BYTES;
     let span = &bytes[base..(base + SPAN_BYTES).min(bytes.len())];
     (0..span.len() / width)
-        .find(|&i| bad(span, width * i))
+        .find(|&i| span_has_non_finite(&span[width * i..width * (i + 1)], width, exp))
         .map(|i| base / width + i)
 }
 
@@ -89,11 +111,11 @@ where
 pub fn first_non_finite(dtype: GgmlDType, bytes: &[u8]) -> Option<String> {
     let describe = |x: f32| if x.is_nan() { "NaN" } else { "infinite" };
     match dtype {
-        GgmlDType::F32 => first_bad_element(bytes, 4, single_bad)
+        GgmlDType::F32 => first_bad_element(bytes, 4, 0x7f80_0000)
             .map(|i| format!("element {i} is {}", describe(value(bytes, 4 * i, 4)))),
-        GgmlDType::F16 => first_bad_element(bytes, 2, half_bad)
+        GgmlDType::F16 => first_bad_element(bytes, 2, 0x7c00)
             .map(|i| format!("element {i} is {}", describe(value(bytes, 2 * i, 2)))),
-        GgmlDType::BF16 => first_bad_element(bytes, 2, bf16_bad).map(|i| {
+        GgmlDType::BF16 => first_bad_element(bytes, 2, 0x7f80).map(|i| {
             let bits = u16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]]);
             let nan = bits & 0x007f != 0;
             format!("element {i} is {}", if nan { "NaN" } else { "infinite" })
@@ -182,6 +204,46 @@ mod tests {
             first_non_finite(GgmlDType::F32, &f),
             Some(format!("element {last} is NaN"))
         );
+    }
+
+    #[test]
+    fn the_word_test_agrees_with_the_per_element_definition() {
+        // Values around every boundary of the exponent fields, in every lane position and
+        // span length (so word and remainder paths both see each).
+        let halves = [
+            0x0000u16, 0x7f7f, 0x7f80, 0x7fc0, 0xff80, 0x8000, 0x7bff, 0x7c00, 0xfc01, 0x3f80,
+            0x0001, 0xffff,
+        ];
+        let singles = [
+            0u32,
+            0x7f7f_ffff,
+            0x7f80_0000,
+            0xff80_0001,
+            0x8000_0000,
+            0x3f80_0000,
+            0xffff_ffff,
+        ];
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = |n: usize| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed % n as u64) as usize
+        };
+        for len in 0..24 {
+            for _ in 0..200 {
+                for exp in [0x7f80u64, 0x7c00] {
+                    let v: Vec<u16> = (0..len).map(|_| halves[next(halves.len())]).collect();
+                    let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+                    let naive = v.iter().any(|&x| u64::from(x) & exp == exp);
+                    assert_eq!(span_has_non_finite(&bytes, 2, exp), naive, "{v:x?}");
+                }
+                let v: Vec<u32> = (0..len).map(|_| singles[next(singles.len())]).collect();
+                let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+                let naive = v.iter().any(|&x| x & 0x7f80_0000 == 0x7f80_0000);
+                assert_eq!(span_has_non_finite(&bytes, 4, 0x7f80_0000), naive, "{v:x?}");
+            }
+        }
     }
 
     #[test]
