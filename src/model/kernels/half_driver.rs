@@ -155,7 +155,7 @@ fn block<K: PanelKernel>(
             }
             // Without tail values (`k` a multiple of the chunk, as in every real model) an
             // output is its lane sum: no per-output call.
-            let tail = k % K::CHUNK != 0;
+            let tail = !k.is_multiple_of(K::CHUNK);
             for (c, lanes) in acc.iter().enumerate() {
                 let col = js.start + c - cols.start;
                 let sums = super::half::reduce(lanes, isa);
