@@ -137,7 +137,7 @@ fn qwen2_matches_transformers_with_qkv_biases() {
 #[test]
 fn gemma3_matches_transformers_with_local_and_global_layers() {
     let m = check("gemma3");
-    assert!(m.config.gemma && m.config.qk_norm && m.config.norm_weight_plus_one);
+    assert!(m.config.arch.is_gemma() && m.config.qk_norm && m.config.norm_weight_plus_one);
     assert_eq!(m.config.local_layers, [true, false, true]);
     assert_eq!(m.config.sliding_window, Some(8));
     assert_eq!(m.config.rope_theta_local, 100.0);

@@ -155,7 +155,7 @@ fn local_checks(args: &ValidateArgs, list: &mut Checklist) {
                 "architecture",
                 format!(
                     "{}, {} layers, {:.0}M parameters, context {}",
-                    mc.architecture,
+                    mc.arch,
                     mc.n_layers,
                     mc.parameters() as f64 / 1e6,
                     mc.context_length

@@ -20,12 +20,10 @@ use candle_core::quantized::GgmlDType;
 use memmap2::Mmap;
 use serde_json::Value as Json;
 
+use super::arch::{Arch, SUPPORTED_MODEL_TYPES};
 use super::gguf::{GgufError, GgufFile, RopePermute, TensorInfo, Value};
 
 type Result<T> = std::result::Result<T, GgufError>;
-
-/// `config.json` `model_type`s ppl reads, and the architecture name used for them.
-pub const SUPPORTED_MODEL_TYPES: &str = "llama, mistral, qwen2, qwen3, gemma3_text";
 
 /// The tokenizer files of a checkpoint directory.
 #[derive(Debug, Clone, PartialEq)]
@@ -77,9 +75,10 @@ pub fn open_dir(dir: &Path) -> Result<GgufFile> {
     let config = read_json(&config_path)?;
     let mut metadata = config_metadata(&config_path, &config, dir)?;
     let arch = match metadata.get("general.architecture") {
-        Some(Value::String(s)) => s.clone(),
-        _ => unreachable!("config_metadata sets the architecture"),
-    };
+        Some(Value::String(s)) => Arch::from_gguf_name(s),
+        _ => None,
+    }
+    .expect("config_metadata sets a supported architecture");
 
     // The shards: an index's weight map, or the single file.
     let index_path = dir.join("model.safetensors.index.json");
@@ -157,10 +156,10 @@ pub fn open_dir(dir: &Path) -> Result<GgufFile> {
         Some(Value::U32(h)) => *h as usize,
         _ => unreachable!("config_metadata sets the head size"),
     };
-    let permute = matches!(arch.as_str(), "llama" | "mistral").then_some(RopePermute { head_dim });
+    let permute = arch.hf_permutes_qk().then_some(RopePermute { head_dim });
     let mut tensors = BTreeMap::new();
     for (hf_name, mut info) in hf_tensors {
-        let Some(name) = gguf_name(&hf_name, &arch) else {
+        let Some(name) = gguf_name(&hf_name, arch) else {
             tracing::debug!("{}: tensor '{hf_name}' is not used", dir.display());
             continue;
         };
@@ -222,7 +221,7 @@ pub fn open_dir(dir: &Path) -> Result<GgufFile> {
 /// GGUF's name for a Hugging Face tensor name, or `None` for tensors ppl does not use.
 /// (Gemma's `post_attention_layernorm` normalises the attention output; its pre-MLP norm is
 /// `pre_feedforward_layernorm`.)
-fn gguf_name(hf: &str, arch: &str) -> Option<String> {
+fn gguf_name(hf: &str, arch: Arch) -> Option<String> {
     let fixed = match hf {
         "model.embed_tokens.weight" => Some("token_embd.weight"),
         "model.norm.weight" => Some("output_norm.weight"),
@@ -236,7 +235,7 @@ fn gguf_name(hf: &str, arch: &str) -> Option<String> {
     let (layer, rest) = rest.split_once('.')?;
     let layer: usize = layer.parse().ok()?;
     let (module, kind) = rest.rsplit_once('.')?;
-    let gemma = arch == "gemma3";
+    let gemma = arch.is_gemma();
     let short = match module {
         "input_layernorm" => "attn_norm",
         "post_attention_layernorm" if gemma => "post_attention_norm",
@@ -350,19 +349,15 @@ fn config_metadata(path: &Path, c: &Json, dir: &Path) -> Result<BTreeMap<String,
         .get("model_type")
         .and_then(Json::as_str)
         .ok_or_else(|| invalid(path, "no 'model_type'".into()))?;
-    let arch = match model_type {
-        "llama" | "mistral" | "qwen2" | "qwen3" => model_type,
-        "gemma3_text" => "gemma3",
-        other => {
-            return Err(GgufError::Checkpoint {
-                path: dir.to_path_buf(),
-                detail: format!(
-                    "model_type '{other}' is not supported; ppl reads Hugging Face checkpoints of: {SUPPORTED_MODEL_TYPES} (or a GGUF conversion of other models)"
-                ),
-            })
-        }
+    let Some(arch) = Arch::from_hf_model_type(model_type) else {
+        return Err(GgufError::Checkpoint {
+            path: dir.to_path_buf(),
+            detail: format!(
+                "model_type '{model_type}' is not supported; ppl reads Hugging Face checkpoints of: {SUPPORTED_MODEL_TYPES} (or a GGUF conversion of other models)"
+            ),
+        });
     };
-    let gemma = arch == "gemma3";
+    let gemma = arch.is_gemma();
     let (act, want) = if gemma {
         let a = c
             .get("hidden_activation")
@@ -453,13 +448,13 @@ fn config_metadata(path: &Path, c: &Json, dir: &Path) -> Result<BTreeMap<String,
             ));
         }
     }
-    if model_type == "qwen2" && c.get("use_sliding_window").and_then(Json::as_bool) == Some(true) {
+    if arch == Arch::Qwen2 && c.get("use_sliding_window").and_then(Json::as_bool) == Some(true) {
         return Err(invalid(
             path,
             "use_sliding_window = true (Qwen2's per-layer sliding window) is not supported".into(),
         ));
     }
-    let sliding_window = if model_type == "mistral" || gemma {
+    let sliding_window = if arch.has_sliding_window() {
         uint("sliding_window")?
     } else {
         None
@@ -527,7 +522,10 @@ fn config_metadata(path: &Path, c: &Json, dir: &Path) -> Result<BTreeMap<String,
         put("attention.scale", Value::F32((1.0 / q.sqrt()) as f32));
         m.insert("ppl.norm_weight_plus_one".into(), Value::Bool(true));
     }
-    m.insert("general.architecture".into(), Value::String(arch.into()));
+    m.insert(
+        "general.architecture".into(),
+        Value::String(arch.gguf_name().into()),
+    );
     Ok(m)
 }
 
@@ -538,38 +536,50 @@ mod tests {
     #[test]
     fn tensor_names_map_to_gguf() {
         assert_eq!(
-            gguf_name("model.layers.2.pre_feedforward_layernorm.weight", "gemma3").as_deref(),
+            gguf_name(
+                "model.layers.2.pre_feedforward_layernorm.weight",
+                Arch::Gemma3
+            )
+            .as_deref(),
             Some("blk.2.ffn_norm.weight")
         );
         assert_eq!(
-            gguf_name("model.layers.2.post_attention_layernorm.weight", "gemma3").as_deref(),
+            gguf_name(
+                "model.layers.2.post_attention_layernorm.weight",
+                Arch::Gemma3
+            )
+            .as_deref(),
             Some("blk.2.post_attention_norm.weight")
         );
         assert_eq!(
-            gguf_name("model.layers.2.post_attention_layernorm.weight", "llama").as_deref(),
+            gguf_name(
+                "model.layers.2.post_attention_layernorm.weight",
+                Arch::Llama
+            )
+            .as_deref(),
             Some("blk.2.ffn_norm.weight")
         );
         assert_eq!(
-            gguf_name("model.layers.11.self_attn.q_proj.bias", "llama").as_deref(),
+            gguf_name("model.layers.11.self_attn.q_proj.bias", Arch::Llama).as_deref(),
             Some("blk.11.attn_q.bias")
         );
         assert_eq!(
-            gguf_name("model.layers.0.mlp.down_proj.weight", "llama").as_deref(),
+            gguf_name("model.layers.0.mlp.down_proj.weight", Arch::Llama).as_deref(),
             Some("blk.0.ffn_down.weight")
         );
         assert_eq!(
-            gguf_name("model.layers.3.self_attn.k_norm.weight", "llama").as_deref(),
+            gguf_name("model.layers.3.self_attn.k_norm.weight", Arch::Llama).as_deref(),
             Some("blk.3.attn_k_norm.weight")
         );
         assert_eq!(
-            gguf_name("model.embed_tokens.weight", "llama").as_deref(),
+            gguf_name("model.embed_tokens.weight", Arch::Llama).as_deref(),
             Some("token_embd.weight")
         );
         assert_eq!(
-            gguf_name("model.layers.0.self_attn.rotary_emb.inv_freq", "llama"),
+            gguf_name("model.layers.0.self_attn.rotary_emb.inv_freq", Arch::Llama),
             None
         );
-        assert_eq!(gguf_name("vision_tower.x.weight", "llama"), None);
+        assert_eq!(gguf_name("vision_tower.x.weight", Arch::Llama), None);
     }
 
     #[test]

@@ -16,6 +16,7 @@ use candle_core::quantized::GgmlDType;
 use candle_core::Device;
 use serde_json::{json, Value as Json};
 
+use super::arch::Arch;
 use super::gguf::GgufFile;
 use super::gguf_write::{WriteError, Written};
 use super::LlamaConfig;
@@ -82,15 +83,9 @@ fn dtype_names(dtype: GgmlDType) -> Result<(&'static str, &'static str), WriteEr
 
 /// `config.json` for the model.
 fn config_json(c: &LlamaConfig, tok: &Tokenizer, torch_dtype: &str) -> Json {
-    let class = match c.architecture.as_str() {
-        "llama" => "LlamaForCausalLM",
-        "mistral" => "MistralForCausalLM",
-        "qwen2" => "Qwen2ForCausalLM",
-        _ => "Qwen3ForCausalLM",
-    };
     let mut j = json!({
-        "architectures": [class],
-        "model_type": c.architecture,
+        "architectures": [c.arch.hf_class()],
+        "model_type": c.arch.hf_model_type(),
         "vocab_size": c.vocab_size,
         "hidden_size": c.hidden_size,
         "intermediate_size": c.intermediate_size,
@@ -108,17 +103,18 @@ fn config_json(c: &LlamaConfig, tok: &Tokenizer, torch_dtype: &str) -> Json {
         "torch_dtype": torch_dtype,
     });
     let o = j.as_object_mut().expect("an object");
-    match c.architecture.as_str() {
-        "llama" => {
+    match c.arch {
+        Arch::Llama => {
             o.insert("attention_bias".into(), json!(c.attn_output_bias));
         }
-        "mistral" => {
+        Arch::Mistral => {
             o.insert("sliding_window".into(), json!(c.sliding_window));
         }
-        "qwen2" => {
+        Arch::Qwen2 => {
             o.insert("use_sliding_window".into(), json!(false));
         }
-        _ => {
+        // Gemma 3 is refused before this (`write_checkpoint`).
+        Arch::Qwen3 | Arch::Gemma3 => {
             o.insert("attention_bias".into(), json!(c.attn_bias));
         }
     }
@@ -170,7 +166,7 @@ pub fn write(
     // the temporary directory beside it is not made inside it.
     let out: &Path = &out.components().collect::<PathBuf>();
     let config = LlamaConfig::from_gguf(src).map_err(|e| WriteError::Unsupported(e.to_string()))?;
-    if config.gemma {
+    if config.arch.is_gemma() {
         return Err(WriteError::Unsupported(format!(
             "{}: writing Gemma 3 as a Hugging Face checkpoint is not supported (its norms and layer types need Gemma's own config); evaluate the GGUF directly",
             src.path().display()
@@ -195,7 +191,7 @@ pub fn write(
             out.display()
         )));
     }
-    let permute = matches!(config.architecture.as_str(), "llama" | "mistral");
+    let permute = config.arch.hf_permutes_qk();
     let tensor_err = |name: &str| {
         let (path, name) = (src.path().to_path_buf(), name.to_string());
         move |source| WriteError::Tensor {

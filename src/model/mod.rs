@@ -10,6 +10,7 @@
 //! [`DeviceSpec`] selects where: the CPU, or a GPU through candle's CUDA backend
 //! ([`device`], cargo feature `cuda`).
 
+pub mod arch;
 pub mod device;
 pub mod fetch;
 pub mod finite;
@@ -26,6 +27,7 @@ pub mod ring_attention;
 pub mod shard;
 pub mod synth;
 
+pub use arch::Arch;
 pub use device::{DeviceError, DeviceSpec};
 pub use gguf::{GgufError, GgufFile};
 pub use llama::{Collectives, Kernels, Llama, LlamaConfig};

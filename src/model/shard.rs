@@ -285,7 +285,7 @@ pub fn block_specs(c: &LlamaConfig, i: usize, part: &Partition) -> Vec<TensorSpe
         specs.push(TensorSpec::whole(name("attn_q_norm"), &[hd]));
         specs.push(TensorSpec::whole(name("attn_k_norm"), &[hd]));
     }
-    if c.gemma {
+    if c.arch.is_gemma() {
         specs.push(TensorSpec::whole(name("post_attention_norm"), &[d]));
         specs.push(TensorSpec::whole(name("post_ffw_norm"), &[d]));
     }

@@ -312,7 +312,7 @@ impl<'a> Synth<'a> {
         let arch = s.family.gguf_arch();
         let u = |v: usize| Value::U32(v as u32);
         let mut m: Vec<(String, Value)> = vec![
-            ("general.architecture".into(), Value::String(arch.into())),
+            ("general.architecture".into(), Value::String(arch.gguf_name().into())),
             (
                 "general.name".into(),
                 Value::String(format!(

@@ -104,7 +104,7 @@ pub(crate) fn check_config(cfg: &EvalConfig, mc: &LlamaConfig) -> Result<(), Eva
             "--ctx {} exceeds the model's context length {} ({}.context_length in {}); use --ctx {} or less",
             cfg.ctx,
             mc.context_length,
-            mc.architecture,
+            mc.arch,
             cfg.model.display(),
             mc.context_length
         )));

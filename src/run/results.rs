@@ -83,7 +83,7 @@ pub(crate) fn assemble(a: Assembly<'_>) -> Results {
             path: cfg.model.display().to_string(),
             sha256: a.model_sha256,
             file_bytes: setup.gguf.file_bytes(),
-            architecture: mc.architecture.clone(),
+            architecture: mc.arch.to_string(),
             parameters: mc.parameters(),
             vocab_size: mc.vocab_size,
             context_length: mc.context_length,

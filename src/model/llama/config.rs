@@ -1,17 +1,16 @@
 //! [`LlamaConfig`]: the hyper-parameters of the five families, read from GGUF metadata.
 
+use crate::model::arch::{Arch, SUPPORTED_ARCHITECTURES};
 use crate::model::gguf::GgufFile;
 use crate::model::ModelError;
 
 use super::*;
 
-/// Architectures this file implements (GGUF `general.architecture`).
-pub const SUPPORTED_ARCHITECTURES: &str = "llama, mistral, qwen2, qwen3, gemma3";
-
 /// Hyper-parameters, read from `{arch}.*` metadata.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct LlamaConfig {
-    pub architecture: String,
+    #[serde(rename = "architecture")]
+    pub arch: Arch,
     pub vocab_size: usize,
     pub hidden_size: usize,
     pub intermediate_size: usize,
@@ -41,8 +40,6 @@ pub struct LlamaConfig {
     pub local_layers: Vec<bool>,
     /// RoPE base of the sliding-window layers (Gemma 3).
     pub rope_theta_local: f64,
-    /// Gemma's block: √hidden embedding scale, post-attention and post-MLP norms, GELU.
-    pub gemma: bool,
     /// Scale of the attention scores; `None`: 1/√head_dim.
     pub attention_scale: Option<f64>,
     /// Norm weights stored as `w` for a scale of `1 + w` (Gemma's Hugging Face checkpoints;
@@ -52,16 +49,14 @@ pub struct LlamaConfig {
 
 impl LlamaConfig {
     pub fn from_gguf(g: &GgufFile) -> Result<Self> {
-        let arch = g
-            .get_str("general.architecture", "which architecture the model has")?
-            .to_string();
-        if !["llama", "mistral", "qwen2", "qwen3", "gemma3"].contains(&arch.as_str()) {
+        let name = g.get_str("general.architecture", "which architecture the model has")?;
+        let Some(arch) = Arch::from_gguf_name(name) else {
             return Err(ModelError::UnsupportedArchitecture {
                 path: g.path().to_path_buf(),
-                arch,
+                arch: name.to_string(),
                 supported: SUPPORTED_ARCHITECTURES,
             });
-        }
+        };
         let purpose = "the Llama hyper-parameters";
         let key = |k: &str| format!("{arch}.{k}");
         let get = |k: &str| -> Result<usize> { Ok(g.get_u64(&key(k), purpose)? as usize) };
@@ -110,9 +105,9 @@ impl LlamaConfig {
             Some(_) => g.get_f64(&key("rope.freq_base"), purpose)?,
             None => 10_000.0,
         };
-        let gemma = arch == "gemma3";
+        let gemma = arch.is_gemma();
         let sliding_window = match g.get(&key("attention.sliding_window")) {
-            Some(_) if arch == "mistral" || gemma => Some(get("attention.sliding_window")?),
+            Some(_) if arch.has_sliding_window() => Some(get("attention.sliding_window")?),
             _ => None,
         }
         .filter(|&w| !(gemma && w == 0));
@@ -176,8 +171,7 @@ impl LlamaConfig {
             rope_theta_local,
             attention_scale,
             norm_weight_plus_one: g.get_bool("ppl.norm_weight_plus_one") == Some(true),
-            gemma,
-            rope_neox: matches!(arch.as_str(), "qwen2" | "qwen3" | "gemma3"),
+            rope_neox: arch.rope_neox(),
             attn_bias: has("blk.0.attn_q.bias"),
             attn_output_bias: has("blk.0.attn_output.bias"),
             qk_norm: has("blk.0.attn_q_norm.weight"),
@@ -194,7 +188,7 @@ impl LlamaConfig {
             rope_theta,
             rope_dim,
             tied_embeddings: !g.tensors.contains_key("output.weight"),
-            architecture: arch,
+            arch,
         })
     }
 
@@ -222,7 +216,7 @@ impl LlamaConfig {
             + if self.attn_bias { q + 2 * kv } else { 0 }
             + if self.attn_output_bias { d } else { 0 }
             + if self.qk_norm { 2 * hd } else { 0 }
-            + if self.gemma { 2 * d } else { 0 };
+            + if self.arch.is_gemma() { 2 * d } else { 0 };
         let embed = self.vocab_size as u64 * d;
         embed * if self.tied_embeddings { 1 } else { 2 } + per_layer * self.n_layers as u64 + d
     }

@@ -428,7 +428,7 @@ impl Block {
                 gate: lin("ffn_gate.weight")?,
                 up: lin("ffn_up.weight")?,
                 down: lin("ffn_down.weight")?,
-                gelu: c.gemma,
+                gelu: c.arch.is_gemma(),
                 fused: kernels == Kernels::Own,
             },
             post_ffn_norm: optional_norm("post_ffw_norm.weight")?,

@@ -33,7 +33,7 @@ use crate::model::{ModelError, Precision};
 
 pub(super) type Result<T> = std::result::Result<T, ModelError>;
 
-pub use config::{LlamaConfig, SUPPORTED_ARCHITECTURES};
+pub use config::LlamaConfig;
 use layers::*;
 pub use layers::{AllGather, AllReduce, Collectives};
 pub use linear::Kernels;
@@ -121,7 +121,7 @@ impl Llama {
             .as_ref()
             .ok_or_else(|| self.not_held("the token embedding"))?;
         let x = cc.reduce(e.forward(ids)?)?;
-        if self.config.gemma {
+        if self.config.arch.is_gemma() {
             // ggml scales by sqrtf(n_embd), an f32.
             let scale = (self.config.hidden_size as f32).sqrt();
             return Ok((x * f64::from(scale))?);

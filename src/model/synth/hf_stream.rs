@@ -34,12 +34,8 @@ fn gguf_row(row: usize, head_dim: usize) -> usize {
 
 /// `config.json` for the shape.
 fn config_json(shape: &Shape, tok: &Tokenizer) -> Json {
-    let (class, model_type) = match shape.family {
-        Family::Llama => ("LlamaForCausalLM", "llama"),
-        Family::Mistral => ("MistralForCausalLM", "mistral"),
-        Family::Qwen2 => ("Qwen2ForCausalLM", "qwen2"),
-        Family::Gemma3 => ("Gemma3ForCausalLM", "gemma3_text"),
-    };
+    let arch = shape.family.hf_arch();
+    let (class, model_type) = (arch.hf_class(), arch.hf_model_type());
     let mut j = json!({
         "architectures": [class],
         "model_type": model_type,

@@ -2,6 +2,7 @@
 //! public `config.json` files, and the checks a custom shape must pass.
 
 use super::{tensor_plan, SynthError, WeightType};
+use crate::model::arch::Arch;
 
 /// The architecture family: which GGUF `general.architecture` and which Hugging Face
 /// `model_type` the model is written as.
@@ -18,19 +19,28 @@ pub enum Family {
 }
 
 impl Family {
-    /// `general.architecture` in GGUF.
-    pub fn gguf_arch(self) -> &'static str {
+    /// The architecture a GGUF of this family is written as (llama.cpp's converter writes
+    /// Mistral as `llama`).
+    pub fn gguf_arch(self) -> Arch {
         match self {
-            Family::Llama | Family::Mistral => "llama",
-            Family::Qwen2 => "qwen2",
-            Family::Gemma3 => "gemma3",
+            Family::Llama | Family::Mistral => Arch::Llama,
+            Family::Qwen2 => Arch::Qwen2,
+            Family::Gemma3 => Arch::Gemma3,
+        }
+    }
+
+    /// The architecture a Hugging Face checkpoint of this family is written as.
+    pub fn hf_arch(self) -> Arch {
+        match self {
+            Family::Mistral => Arch::Mistral,
+            other => other.gguf_arch(),
         }
     }
 
     /// Whether Q/K rows are stored in a different order in GGUF and in Hugging Face
     /// checkpoints (llama.cpp's converter permutes them for Llama-style rotation).
     pub fn permutes_qk(self) -> bool {
-        matches!(self, Family::Llama | Family::Mistral)
+        self.hf_arch().hf_permutes_qk()
     }
 }
 
