@@ -176,7 +176,7 @@ impl LedgerWriter {
     }
 
     /// Appends each record (one `write` each), fsyncing when the interval has passed.
-    pub fn append(&mut self, records: &[WindowResult]) -> Result<()> {
+    pub fn append<R: Serialize>(&mut self, records: &[R]) -> Result<()> {
         for r in records {
             let bytes = chunk(&serde_json::to_vec(r).expect("records serialize"));
             self.file.write_all(&bytes).map_err(io(&self.path))?;
