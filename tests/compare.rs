@@ -121,7 +121,14 @@ fn a_missing_base_is_named_as_such() {
 fn numbers(c: &serde_json::Value) -> serde_json::Value {
     let mut c = c.clone();
     let o = c.as_object_mut().unwrap();
-    for k in ["seconds", "config", "ranks", "rank_stats", "base_file", "base"] {
+    for k in [
+        "seconds",
+        "config",
+        "ranks",
+        "rank_stats",
+        "base_file",
+        "base",
+    ] {
         o.remove(k);
     }
     c
