@@ -121,7 +121,14 @@ fn a_missing_base_is_named_as_such() {
 fn numbers(c: &serde_json::Value) -> serde_json::Value {
     let mut c = c.clone();
     let o = c.as_object_mut().unwrap();
-    for k in ["seconds", "config", "ranks", "base_file", "base"] {
+    for k in [
+        "seconds",
+        "config",
+        "ranks",
+        "rank_stats",
+        "base_file",
+        "base",
+    ] {
         o.remove(k);
     }
     c
@@ -187,4 +194,57 @@ fn a_base_file_for_other_options_or_damaged_is_refused() {
         .stderr(contains("window 3 is cut short"))
         .stderr(contains("--save-base"))
         .stderr(contains("panicked").not());
+}
+
+#[test]
+fn two_ranks_on_the_dynamic_schedule_change_no_bit() {
+    let q = ["--quantize", "int4", "--group-size", "64"];
+    let one = compare(&q);
+    let mut args = q.to_vec();
+    args.extend(["--ranks", "2", "--schedule", "dynamic"]);
+    let two = compare(&args);
+    assert_eq!(numbers(&one), numbers(&two));
+    // The figures themselves, bit for bit (JSON numbers print every bit of an f64).
+    for k in ["kld_mean", "ppl_base", "ppl_model", "delta_ppl", "same_top"] {
+        let (a, b) = (one[k].as_f64().unwrap(), two[k].as_f64().unwrap());
+        assert_eq!(a.to_bits(), b.to_bits(), "{k}");
+    }
+    assert!(one["kld_mean"].as_f64().unwrap() > 0.0);
+    // Every window was compared once, by one of the two ranks, each rank's figures kept.
+    let stats = two["rank_stats"].as_array().unwrap();
+    assert_eq!(stats.len(), 2);
+    let windows: u64 = stats.iter().map(|r| r["windows"].as_u64().unwrap()).sum();
+    let tokens: u64 = stats.iter().map(|r| r["tokens"].as_u64().unwrap()).sum();
+    assert_eq!((windows, tokens), (4, 4 * 63));
+    assert_eq!(stats[1]["rank"], 1);
+    assert_eq!(one["rank_stats"][0]["windows"], 4);
+}
+
+#[test]
+fn a_panicking_rank_ends_the_comparison_and_names_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("c.json");
+    let started = std::time::Instant::now();
+    let model = common::model();
+    // Rank 1 compares windows 1 and 3 (static schedule) and crashes in its second unit.
+    ppl_cmd()
+        .arg("compare")
+        .arg("--base")
+        .arg(&model)
+        .arg("--model")
+        .arg(&model)
+        .arg("--data")
+        .arg(common::wikitext())
+        .args(["--ctx", "128", "--chunks", "4", "--ranks", "2", "--quiet"])
+        .arg("--output")
+        .arg(&out)
+        .env("PPL_DEBUG_PANIC_RANK", "1")
+        .assert()
+        .failure()
+        .stderr(contains("rank 1 ("))
+        .stderr(contains("panicked: PPL_DEBUG_PANIC_RANK"))
+        .stderr(contains("run it again"));
+    // Not the 600 s communication timeout: rank 0 was told at once.
+    assert!(started.elapsed() < std::time::Duration::from_secs(120));
+    assert!(!out.exists());
 }

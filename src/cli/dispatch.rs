@@ -174,7 +174,7 @@ pub(super) fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     .with_context(|| format!("cannot write {} (--output)", out.display()))?;
             }
             if !args.eval.quiet {
-                print!("{}", crate::compare::render_text(&r));
+                print!("{}", crate::report::comparison_text::render(&r));
             }
             Ok(ExitCode::SUCCESS)
         }

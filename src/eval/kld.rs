@@ -12,14 +12,38 @@
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
-/// One scored token's comparison.
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
+/// One scored token's comparison. On the wire (between ranks) it is the array
+/// `[nll_base, nll_model, kld, delta_p, same_top]`: a third of the bytes of named fields,
+/// and every f64 exact (`serde_json` is built with `float_roundtrip`).
+#[derive(Debug, Clone, Copy, PartialEq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(from = "TokenTuple", into = "TokenTuple")]
 pub struct TokenComparison {
     pub nll_base: f64,
     pub nll_model: f64,
     pub kld: f64,
     pub delta_p: f64,
     pub same_top: bool,
+}
+
+/// [`TokenComparison`]'s wire form.
+type TokenTuple = (f64, f64, f64, f64, bool);
+
+impl From<TokenTuple> for TokenComparison {
+    fn from((nll_base, nll_model, kld, delta_p, same_top): TokenTuple) -> Self {
+        Self {
+            nll_base,
+            nll_model,
+            kld,
+            delta_p,
+            same_top,
+        }
+    }
+}
+
+impl From<TokenComparison> for TokenTuple {
+    fn from(t: TokenComparison) -> Self {
+        (t.nll_base, t.nll_model, t.kld, t.delta_p, t.same_top)
+    }
 }
 
 /// f64 log-softmax of a logit row and the index of its (first) largest logit.

@@ -24,9 +24,10 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use super::WindowResult;
+use super::{Record, WindowResult};
 
 const MAGIC: &[u8; 8] = b"PPLLEDG1";
 const VERSION: u32 = 1;
@@ -176,7 +177,7 @@ impl LedgerWriter {
     }
 
     /// Appends each record (one `write` each), fsyncing when the interval has passed.
-    pub fn append(&mut self, records: &[WindowResult]) -> Result<()> {
+    pub fn append<R: Serialize>(&mut self, records: &[R]) -> Result<()> {
         for r in records {
             let bytes = chunk(&serde_json::to_vec(r).expect("records serialize"));
             self.file.write_all(&bytes).map_err(io(&self.path))?;
@@ -198,14 +199,19 @@ impl LedgerWriter {
 /// What a ledger file holds: its header, every intact record, and how much of a torn or
 /// corrupt tail was dropped.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Contents {
+pub struct Contents<R = WindowResult> {
     pub header: Header,
-    pub records: Vec<WindowResult>,
+    pub records: Vec<R>,
     pub dropped_bytes: u64,
 }
 
-/// Parses a ledger image (never panics, whatever the bytes).
+/// Parses a ledger image of `ppl eval` (never panics, whatever the bytes).
 pub fn parse(path: &Path, bytes: &[u8]) -> Result<Contents> {
+    parse_records(path, bytes)
+}
+
+/// Parses a ledger image whose records are `R` (never panics, whatever the bytes).
+pub fn parse_records<R: DeserializeOwned>(path: &Path, bytes: &[u8]) -> Result<Contents<R>> {
     let not = |detail: &str| LedgerError::NotALedger {
         path: path.to_path_buf(),
         detail: detail.to_string(),
@@ -228,7 +234,7 @@ pub fn parse(path: &Path, bytes: &[u8]) -> Result<Contents> {
     loop {
         let start = pos;
         match next_chunk(bytes, &mut pos, MAX_CHUNK) {
-            Some(payload) => match serde_json::from_slice::<WindowResult>(payload) {
+            Some(payload) => match serde_json::from_slice::<R>(payload) {
                 Ok(r) => records.push(r),
                 Err(_) => {
                     pos = start;
@@ -346,19 +352,18 @@ pub fn next_attempt(dir: &Path) -> usize {
 
 /// Everything a run directory's ledgers recorded for `binding`, one record per window (sorted
 /// by index), with a note per file that lost a torn tail. A foreign ledger is an error.
-pub fn load(dir: &Path, binding: &Binding) -> Result<(Vec<WindowResult>, Vec<String>)> {
+pub fn load<R: Record>(dir: &Path, binding: &Binding) -> Result<(Vec<R>, Vec<String>)> {
     let paths = files(dir)?;
     if paths.is_empty() {
         return Err(LedgerError::Empty {
             dir: dir.to_path_buf(),
         });
     }
-    let mut by_index: std::collections::BTreeMap<usize, (WindowResult, PathBuf)> =
-        Default::default();
+    let mut by_index: std::collections::BTreeMap<usize, (R, PathBuf)> = Default::default();
     let mut notes = Vec::new();
     for path in paths {
         let bytes = std::fs::read(&path).map_err(io(&path))?;
-        let c = parse(&path, &bytes)?;
+        let c = parse_records::<R>(&path, &bytes)?;
         let differences = c.header.binding.differences(binding);
         if !differences.is_empty() {
             return Err(LedgerError::Foreign { path, differences });
@@ -372,23 +377,24 @@ pub fn load(dir: &Path, binding: &Binding) -> Result<(Vec<WindowResult>, Vec<Str
             ));
         }
         for r in c.records {
-            if r.index >= binding.windows {
+            let index = r.index();
+            if index >= binding.windows {
                 return Err(LedgerError::NotALedger {
                     path,
-                    detail: format!("window {} of a run of {}", r.index, binding.windows),
+                    detail: format!("window {index} of a run of {}", binding.windows),
                 });
             }
-            match by_index.get(&r.index) {
-                Some((old, old_path)) if old.acc != r.acc => {
+            match by_index.get(&index) {
+                Some((old, old_path)) if !old.same_values(&r) => {
                     return Err(LedgerError::Conflict {
-                        index: r.index,
+                        index,
                         a: old_path.clone(),
                         b: path,
                     })
                 }
                 Some(_) => {}
                 None => {
-                    by_index.insert(r.index, (r, path.clone()));
+                    by_index.insert(index, (r, path.clone()));
                 }
             }
         }
@@ -474,7 +480,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut w = LedgerWriter::create(dir.path(), 0, 0, binding()).unwrap();
         w.append(&[record(1), record(3)]).unwrap();
-        let (got, notes) = load(dir.path(), &binding()).unwrap();
+        let (got, notes) = load::<WindowResult>(dir.path(), &binding()).unwrap();
         assert_eq!(got.iter().map(|r| r.index).collect::<Vec<_>>(), vec![1, 3]);
         assert!(notes.is_empty());
         assert_eq!(next_attempt(dir.path()), 1);
@@ -483,7 +489,7 @@ mod tests {
             data_sha256: "other".into(),
             ..binding()
         };
-        match load(dir.path(), &other) {
+        match load::<WindowResult>(dir.path(), &other) {
             Err(LedgerError::Foreign { differences, .. }) => {
                 assert_eq!(differences, vec!["data sha256: ledger d, this run other"])
             }
@@ -495,13 +501,13 @@ mod tests {
         changed.acc.add(1.0);
         w2.append(&[changed]).unwrap();
         assert!(matches!(
-            load(dir.path(), &binding()),
+            load::<WindowResult>(dir.path(), &binding()),
             Err(LedgerError::Conflict { index: 3, .. })
         ));
 
         let empty = tempfile::tempdir().unwrap();
         assert!(matches!(
-            load(empty.path(), &binding()),
+            load::<WindowResult>(empty.path(), &binding()),
             Err(LedgerError::Empty { .. })
         ));
         assert!(matches!(

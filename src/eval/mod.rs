@@ -11,6 +11,7 @@ pub mod base_file;
 pub mod kld;
 pub mod ledger;
 pub mod nll;
+pub mod record;
 pub mod runs;
 pub mod stats;
 
@@ -18,6 +19,7 @@ use candle_core::{Device, Tensor};
 use rayon::prelude::*;
 
 pub use accumulator::NllAccumulator;
+pub use record::Record;
 
 use crate::data::Window;
 use crate::model::{Llama, ModelError};

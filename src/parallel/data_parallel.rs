@@ -2,6 +2,9 @@
 //! finished unit's exact records to rank 0, which also hands out work under the dynamic
 //! schedule. Rank 0 ends with every window's record and every rank's statistics; the totals
 //! are then summed exactly there, so nothing depends on the world size or on who scored what.
+//!
+//! The protocol is generic over what a window's scoring produces (a [`Record`]): `ppl eval`'s
+//! exact NLL sums ([`WindowResult`]) or `ppl compare`'s per-token comparisons.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -15,6 +18,7 @@ use crate::comm::json::{decode, encode};
 use crate::comm::{tag, CommError, Communicator};
 use crate::data::Window;
 use crate::eval::ledger::{LedgerError, LedgerWriter};
+pub use crate::eval::Record;
 use crate::eval::{self, WindowResult};
 use crate::model::{Llama, ModelError};
 
@@ -22,14 +26,16 @@ use crate::model::{Llama, ModelError};
 /// ([`ModelScorer`]), or a model-parallel replica led by this rank
 /// ([`super::model_parallel::StageRunner`]).
 pub trait Scorer {
+    /// What a scored window leaves behind.
+    type Output: Record;
     /// Starts the windows `unit` (indices into the run's windows) and returns the exact
     /// records of every window that finished meanwhile: this unit's, or (in a pipeline, which
     /// keeps several units in flight) earlier ones.
-    fn score(&mut self, unit: &[usize]) -> Result<Vec<WindowResult>, RunError>;
+    fn score(&mut self, unit: &[usize]) -> Result<Vec<Self::Output>, RunError>;
     /// Called once when this replica has no more work: returns the records still in flight
     /// (a pipeline is then told to stop; an FSDP shard group keeps this replica joining its
     /// gathers until every member is done).
-    fn finish(&mut self) -> Result<Vec<WindowResult>, RunError> {
+    fn finish(&mut self) -> Result<Vec<Self::Output>, RunError> {
         Ok(Vec::new())
     }
 }
@@ -41,6 +47,7 @@ pub struct ModelScorer<'a> {
 }
 
 impl Scorer for ModelScorer<'_> {
+    type Output = WindowResult;
     fn score(&mut self, unit: &[usize]) -> Result<Vec<WindowResult>, RunError> {
         let batch: Vec<Window> = unit.iter().map(|&i| self.windows[i].clone()).collect();
         Ok(eval::score_batch(self.model, &batch)?)
@@ -72,8 +79,8 @@ pub struct RankStats {
 }
 
 #[derive(Debug, Serialize, Deserialize)]
-enum ToRoot {
-    Results(Vec<WindowResult>),
+enum ToRoot<R> {
+    Results(Vec<R>),
     Request,
     Final(RankStats),
     Failed(String),
@@ -96,21 +103,21 @@ pub enum RunError {
 }
 
 /// What a data-parallel run scores.
-pub struct Work<'a> {
+pub struct Work<'a, R> {
     pub windows: &'a [Window],
     /// Windows still to score, ascending (all of them unless the run resumes).
     pub todo: Vec<usize>,
     /// Records of the windows already done, from the ledger (rank 0 only).
-    pub done: Vec<WindowResult>,
+    pub done: Vec<R>,
     pub batch_size: usize,
     pub schedule: Schedule,
     pub threads: usize,
 }
 
 /// What rank 0 holds at the end.
-pub struct Gathered {
+pub struct Gathered<R> {
     /// Every window's record, sorted by index.
-    pub results: Vec<WindowResult>,
+    pub results: Vec<R>,
     /// Every rank's statistics, by rank.
     pub ranks: Vec<RankStats>,
 }
@@ -136,11 +143,11 @@ impl Clock<'_> {
         r
     }
     /// Scores a unit (`Some`) or drains the scorer (`None`), stamping the records.
-    fn compute(
+    fn compute<R: Record>(
         &mut self,
-        scorer: &mut dyn Scorer,
+        scorer: &mut dyn Scorer<Output = R>,
         unit: Option<&[usize]>,
-    ) -> Result<Vec<WindowResult>, RunError> {
+    ) -> Result<Vec<R>, RunError> {
         let t = Instant::now();
         // Testing aid (PPL_DEBUG_PANIC_RANK=R): rank R crashes in its second unit, as a bug
         // or a failed allocation would.
@@ -160,12 +167,11 @@ impl Clock<'_> {
         self.stats.compute_s += t.elapsed().as_secs_f64();
         let finished_s = self.start.elapsed().as_secs_f64();
         for w in &mut r {
-            w.rank = self.stats.rank;
-            w.finished_s = finished_s;
+            w.stamp(self.stats.rank, finished_s);
         }
         self.stats.windows += r.len();
-        self.stats.tokens += r.iter().map(|w| w.acc.count).sum::<u64>();
-        self.stats.input_tokens += r.iter().map(|w| w.input_tokens as u64).sum::<u64>();
+        self.stats.tokens += r.iter().map(R::scored_tokens).sum::<u64>();
+        self.stats.input_tokens += r.iter().map(R::input_tokens).sum::<u64>();
         if let Some(l) = self.ledger.as_deref_mut() {
             l.append(&r)?;
             if unit.is_none() {
@@ -184,13 +190,13 @@ impl Clock<'_> {
 
 /// Runs this rank's part. Rank 0 returns everything; other ranks return `None`.
 /// `on_results` sees every window's record on rank 0 as it arrives (progress display).
-pub fn run(
+pub fn run<R: Record>(
     comm: &dyn Communicator,
-    scorer: &mut dyn Scorer,
-    work: Work<'_>,
+    scorer: &mut dyn Scorer<Output = R>,
+    work: Work<'_, R>,
     ledger: Option<&mut LedgerWriter>,
-    mut on_results: impl FnMut(&[WindowResult]) + Send,
-) -> Result<Option<Gathered>, RunError> {
+    mut on_results: impl FnMut(&[R]) + Send,
+) -> Result<Option<Gathered<R>>, RunError> {
     let mut clock = Clock {
         stats: RankStats {
             rank: comm.rank(),
@@ -216,7 +222,8 @@ pub fn run(
             // Make sure nobody waits for this rank.
             let reason = e.to_string();
             if comm.rank() != 0 {
-                let _ = comm.send(0, tag::TO_ROOT, encode(&ToRoot::Failed(reason.clone())));
+                let failed: ToRoot<R> = ToRoot::Failed(reason.clone());
+                let _ = comm.send(0, tag::TO_ROOT, encode(&failed));
             }
             comm.abort(&reason);
             Err(e)
@@ -225,19 +232,19 @@ pub fn run(
 }
 
 /// The callback that sees window records as they reach rank 0.
-type OnResults<'a> = &'a mut (dyn FnMut(&[WindowResult]) + Send);
+type OnResults<'a, R> = &'a mut (dyn FnMut(&[R]) + Send);
 
 /// What rank 0's server thread and its compute loop share.
-struct Shared<'a> {
+struct Shared<'a, R> {
     queue: Mutex<VecDeque<Vec<usize>>>,
-    results: Mutex<Vec<WindowResult>>,
-    on_results: Mutex<OnResults<'a>>,
+    results: Mutex<Vec<R>>,
+    on_results: Mutex<OnResults<'a, R>>,
     /// Set when a worker failed: rank 0 stops taking units.
     stop: AtomicBool,
 }
 
-impl Shared<'_> {
-    fn deliver(&self, r: Vec<WindowResult>) {
+impl<R> Shared<'_, R> {
+    fn deliver(&self, r: Vec<R>) {
         (self.on_results.lock().unwrap_or_else(|e| e.into_inner()))(&r);
         self.results
             .lock()
@@ -249,10 +256,10 @@ impl Shared<'_> {
 /// Rank 0's server: answers work requests and collects records and statistics until every
 /// other rank has sent its final statistics. Runs beside rank 0's own compute loop, so a
 /// request is answered at once even while rank 0 is in a long forward pass.
-fn serve(
+fn serve<R: Record>(
     comm: &dyn Communicator,
     sched: Schedule,
-    shared: &Shared<'_>,
+    shared: &Shared<'_, R>,
 ) -> Result<(Vec<RankStats>, f64), RunError> {
     let size = comm.size();
     let mut ranks = vec![RankStats::default(); size];
@@ -280,7 +287,7 @@ fn serve(
             Err(e) => return Err(e.into()),
         };
         let t = Instant::now();
-        match decode::<ToRoot>(src, &bytes)? {
+        match decode::<ToRoot<R>>(src, &bytes)? {
             ToRoot::Results(r) => shared.deliver(r),
             ToRoot::Request => {
                 let a = match sched {
@@ -314,13 +321,13 @@ fn serve(
     Ok((ranks, comm_s))
 }
 
-fn root(
+fn root<R: Record>(
     comm: &dyn Communicator,
-    scorer: &mut dyn Scorer,
-    work: Work<'_>,
+    scorer: &mut dyn Scorer<Output = R>,
+    work: Work<'_, R>,
     clock: &mut Clock<'_>,
-    on_results: OnResults<'_>,
-) -> Result<Option<Gathered>, RunError> {
+    on_results: OnResults<'_, R>,
+) -> Result<Option<Gathered<R>>, RunError> {
     let size = comm.size();
     let (windows, sched) = (work.windows, work.schedule);
     let queue = match sched {
@@ -381,8 +388,8 @@ fn root(
         .results
         .into_inner()
         .unwrap_or_else(|e| e.into_inner());
-    results.sort_by_key(|r| r.index);
-    if results.len() != windows.len() || results.iter().enumerate().any(|(i, r)| r.index != i) {
+    results.sort_by_key(R::index);
+    if results.len() != windows.len() || results.iter().enumerate().any(|(i, r)| r.index() != i) {
         return Err(CommError::Protocol {
             from: 0,
             detail: format!(
@@ -399,10 +406,10 @@ fn root(
     }))
 }
 
-fn worker(
+fn worker<R: Record>(
     comm: &dyn Communicator,
-    scorer: &mut dyn Scorer,
-    work: &Work<'_>,
+    scorer: &mut dyn Scorer<Output = R>,
+    work: &Work<'_, R>,
     clock: &mut Clock<'_>,
 ) -> Result<(), RunError> {
     let (windows, sched, batch_size) = (work.windows, work.schedule, work.batch_size);
@@ -428,7 +435,7 @@ fn worker(
             // Two requests in flight: the next unit is usually already here when one ends.
             let mut outstanding = 0;
             for _ in 0..2 {
-                clock.comm(|| comm.send(0, tag::TO_ROOT, encode(&ToRoot::Request)))?;
+                clock.comm(|| comm.send(0, tag::TO_ROOT, encode(&ToRoot::<R>::Request)))?;
                 outstanding += 1;
             }
             let mut done = false;
@@ -439,7 +446,7 @@ fn worker(
                     Assign::Work(unit) if !done => {
                         let r = clock.compute(scorer, Some(&unit))?;
                         clock.comm(|| comm.send(0, tag::TO_ROOT, encode(&ToRoot::Results(r))))?;
-                        clock.comm(|| comm.send(0, tag::TO_ROOT, encode(&ToRoot::Request)))?;
+                        clock.comm(|| comm.send(0, tag::TO_ROOT, encode(&ToRoot::<R>::Request)))?;
                         outstanding += 1;
                     }
                     Assign::Work(_) => {
@@ -459,6 +466,6 @@ fn worker(
         clock.comm(|| comm.send(0, tag::TO_ROOT, encode(&ToRoot::Results(r))))?;
     }
     let stats = clock.finish();
-    clock.comm(|| comm.send(0, tag::TO_ROOT, encode(&ToRoot::Final(stats))))?;
+    clock.comm(|| comm.send(0, tag::TO_ROOT, encode(&ToRoot::<R>::Final(stats))))?;
     Ok(())
 }

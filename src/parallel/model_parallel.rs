@@ -541,6 +541,7 @@ impl StageRunner<'_> {
 }
 
 impl Scorer for StageRunner<'_> {
+    type Output = WindowResult;
     /// Without pipeline stages the unit is one step and its records come back at once. With
     /// them, each window is a micro-batch pushed into the pipeline; records are collected only
     /// once `IN_FLIGHT_PER_STAGE · pp` micro-batches are in flight, so the stages overlap

@@ -24,6 +24,8 @@
 //! | `memory` | the planner's estimate (`estimate.total_bytes`, parts) and the memory available |
 
 pub mod compare;
+pub mod comparison;
+pub mod comparison_text;
 pub mod html;
 pub mod json;
 pub mod markdown;

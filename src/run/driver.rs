@@ -7,9 +7,10 @@ use std::time::Instant;
 
 use super::checks::check_before_ranks;
 use super::config::{partition, threads_per_rank, EvalConfig, RunOptions};
-use super::error::{first_error, join_rank, panic_message, EvalError};
+use super::error::{abort_on_error, EvalError};
+use super::local_world::{on_every_rank, RankThreads};
 use super::memory_gate::plan_memory;
-use super::prepare::{setup_rank, RankSetup};
+use super::prepare::setup_rank;
 use super::rank::{run_rank, RankInputs};
 use crate::comm::{local, Communicator};
 use crate::data::WindowPlan;
@@ -38,53 +39,38 @@ pub fn evaluate_rank(
         Some((r, p)) if *r == comm.rank() => p.clone(),
         _ => cfg.data.clone(),
     };
-    let setup = match setup_rank(comm, cfg, &data) {
-        Ok(s) => s,
-        Err(e) => {
-            comm.abort(&e.to_string());
-            return Err(e);
-        }
-    };
-    let part = match cfg.dims(comm.size()) {
-        Ok(dims) => partition(&dims, comm.rank(), &setup.mc),
-        Err(e) => {
-            comm.abort(&e.to_string());
-            return Err(e);
-        }
-    };
-    let memory = match plan_memory(
-        cfg,
-        &setup,
-        1,
-        crate::comm::launcher::ranks_on_this_node(),
-        std::slice::from_ref(&part),
-    ) {
-        Ok(m) => m,
-        Err(e) => {
-            comm.abort(&e.to_string());
-            return Err(e);
-        }
-    };
+    let setup = abort_on_error(comm, setup_rank(comm, cfg, &data))?;
+    let part = abort_on_error(
+        comm,
+        cfg.dims(comm.size())
+            .map(|dims| partition(&dims, comm.rank(), &setup.mc)),
+    )?;
+    let memory = abort_on_error(
+        comm,
+        plan_memory(
+            cfg,
+            &setup,
+            1,
+            crate::comm::launcher::ranks_on_this_node(),
+            std::slice::from_ref(&part),
+        ),
+    )?;
     let t_load = Instant::now();
-    let model = match cfg
-        .device
-        .open(crate::comm::launcher::local_rank())
-        .map_err(EvalError::from)
-        .and_then(|d| {
-            Ok(Llama::load(
-                &setup.gguf,
-                cfg.precision,
-                &part,
-                cfg.quantize,
-                &d,
-            )?)
-        }) {
-        Ok(m) => m,
-        Err(e) => {
-            comm.abort(&e.to_string());
-            return Err(e);
-        }
-    };
+    let model = abort_on_error(
+        comm,
+        cfg.device
+            .open(crate::comm::launcher::local_rank())
+            .map_err(EvalError::from)
+            .and_then(|d| {
+                Ok(Llama::load(
+                    &setup.gguf,
+                    cfg.precision,
+                    &part,
+                    cfg.quantize,
+                    &d,
+                )?)
+            }),
+    )?;
     let load_s = t_load.elapsed().as_secs_f64();
     let progress = (comm.rank() == 0).then(|| new_progress(opts, &setup.prepared.plan));
     let inputs = RankInputs {
@@ -117,23 +103,13 @@ pub fn evaluate(cfg: &EvalConfig, opts: &RunOptions) -> Result<Results, EvalErro
     };
 
     // Phase one on every rank; the first failure (in rank order) is reported.
-    let setups: Vec<Result<RankSetup, EvalError>> = std::thread::scope(|s| {
-        let handles: Vec<_> = comms
-            .iter()
-            .map(|c| {
-                let data = data_for(c.rank());
-                s.spawn(move || {
-                    let r = setup_rank(c, cfg, &data);
-                    if let Err(e) = &r {
-                        c.abort(&e.to_string());
-                    }
-                    r
-                })
-            })
-            .collect();
-        handles.into_iter().map(join_rank).collect()
-    });
-    let setups = first_error(setups)?;
+    let setup_threads = RankThreads {
+        pool_threads: None,
+        panic_hint: "",
+    };
+    let setups = on_every_rank(&comms, &setup_threads, |c| {
+        setup_rank(c, cfg, &data_for(c.rank()))
+    })?;
     let dims = cfg.dims(n)?;
     let mc = &setups[0].mc;
     // Ranks holding the same part of the model share one copy of it.
@@ -195,62 +171,28 @@ pub fn evaluate(cfg: &EvalConfig, opts: &RunOptions) -> Result<Results, EvalErro
         cfg.device
     );
     let progress = new_progress(opts, &setups[0].prepared.plan);
-    let memory = &memory;
 
-    let outcomes: Vec<Result<Option<Results>, EvalError>> = std::thread::scope(|s| {
-        let handles: Vec<_> = comms
-            .iter()
-            .zip(&setups)
-            .map(|(c, setup)| {
-                let (model, progress) = (model_of(c.rank()), &progress);
-                s.spawn(move || -> Result<Option<Results>, EvalError> {
-                    let rank = c.rank();
-                    let pool = rayon::ThreadPoolBuilder::new()
-                        .num_threads(per_rank)
-                        .thread_name(move |i| format!("ppl-rank{rank}-{i}"))
-                        .build()
-                        .map_err(|e| {
-                            EvalError::Threads(e.to_string())
-                        })?;
-                    let progress = (c.rank() == 0).then_some(progress);
-                    // A panicking rank tells the others at once (they would otherwise wait
-                    // for it until PPL_COMM_TIMEOUT) and is reported by number.
-                    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        pool.install(|| {
-                            let inputs = RankInputs {
-                                cfg,
-                                setup,
-                                model,
-                                load_s,
-                                threads: per_rank,
-                                progress,
-                                opts,
-                            };
-                            run_rank(c, &inputs).map(|r| {
-                                    r.map(|r| Results {
-                                        memory: Some(memory.clone()),
-                                        ..r
-                                    })
-                                })
-                        })
-                    }));
-                    outcome.unwrap_or_else(|payload| {
-                        let msg = format!(
-                            "rank {rank} ({}) panicked: {}",
-                            c.host(),
-                            panic_message(payload.as_ref())
-                        );
-                        c.abort(&msg);
-                        Err(EvalError::Panic(format!(
-                            "{msg}; the ledger in the run directory keeps every window finished before it (resume with --resume)"
-                        )))
-                    })
-                })
+    let scoring_threads = RankThreads {
+        pool_threads: Some(per_rank),
+        panic_hint: "; the ledger in the run directory keeps every window finished before it (resume with --resume)",
+    };
+    let mut outcomes = on_every_rank(&comms, &scoring_threads, |c| {
+        let inputs = RankInputs {
+            cfg,
+            setup: &setups[c.rank()],
+            model: model_of(c.rank()),
+            load_s,
+            threads: per_rank,
+            progress: (c.rank() == 0).then_some(&progress),
+            opts,
+        };
+        run_rank(c, &inputs).map(|r| {
+            r.map(|r| Results {
+                memory: Some(memory.clone()),
+                ..r
             })
-            .collect();
-        handles.into_iter().map(join_rank).collect()
-    });
-    let mut outcomes = first_error(outcomes)?;
+        })
+    })?;
     outcomes
         .swap_remove(0)
         .ok_or_else(|| EvalError::Config("rank 0 returned no results".into()))

@@ -69,6 +69,18 @@ impl From<RunError> for EvalError {
     }
 }
 
+/// `r`, after telling every rank of `comm` when it is an error (so that none waits for this
+/// one until the communication timeout).
+pub(crate) fn abort_on_error<T>(
+    comm: &dyn crate::comm::Communicator,
+    r: Result<T, EvalError>,
+) -> Result<T, EvalError> {
+    if let Err(e) = &r {
+        comm.abort(&e.to_string());
+    }
+    r
+}
+
 /// A rank thread's result; a panic becomes an error naming the rank instead of tearing down
 /// the process.
 pub(crate) fn join_rank<T>(

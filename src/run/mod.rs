@@ -15,12 +15,14 @@
 //! - [`prepare`]: phase one (fingerprints, agreement, tokenization) → [`RankSetup`];
 //! - [`resume`]: the run directory and its ledgers;
 //! - [`rank`]: phase two, scoring, on any mesh; [`results`]: assembling [`Results`];
-//! - [`driver`]: the local (threads) and per-rank (MPI) drivers.
+//! - [`driver`]: the local (threads) and per-rank (MPI) drivers; [`local_world`]: a local
+//!   world's ranks as threads (shared with `ppl compare`).
 
 pub mod checks;
 pub mod config;
 pub mod driver;
 pub mod error;
+pub(crate) mod local_world;
 pub mod memory_gate;
 pub mod prepare;
 pub mod rank;
@@ -30,8 +32,9 @@ pub mod resume;
 pub use checks::{check_mesh, check_plan};
 pub use config::{head_cost_in_layers, partition, threads_per_rank, EvalConfig, RunOptions};
 pub use driver::{evaluate, evaluate_rank};
+pub(crate) use error::abort_on_error;
 pub use error::EvalError;
-pub(crate) use error::{first_error, join_rank};
+pub(crate) use local_world::{on_every_rank, RankThreads};
 pub(crate) use prepare::prepare;
 pub use prepare::{fingerprints, setup_rank, RankSetup};
 pub use rank::{run_rank, RankInputs};

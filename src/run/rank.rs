@@ -16,7 +16,7 @@ use crate::comm::{json, Communicator, TpBackend};
 use crate::eval::{ledger, WindowResult};
 use crate::fingerprint;
 use crate::model::{device, DeviceSpec, Llama};
-use crate::parallel::data_parallel::{self as dp, Gathered, ModelScorer};
+use crate::parallel::data_parallel::{self as dp, ModelScorer};
 use crate::parallel::mesh::ParallelDims;
 use crate::parallel::model_parallel::StageRunner;
 use crate::report::progress::Progress;
@@ -126,6 +126,9 @@ pub fn run_rank(
     })))
 }
 
+/// Every window's exact NLL record and every rank's figures, on rank 0.
+type Gathered = dp::Gathered<WindowResult>;
+
 /// One rank's scoring, once the ledger and the windows left are known.
 struct Scoring<'a> {
     comm: &'a dyn Communicator,
@@ -159,7 +162,7 @@ impl Scoring<'_> {
     }
 
     /// Every rank holds the whole model: plain data parallelism.
-    fn whole_model(&self, work: dp::Work<'_>) -> Result<Option<Gathered>, EvalError> {
+    fn whole_model(&self, work: dp::Work<'_, WindowResult>) -> Result<Option<Gathered>, EvalError> {
         let mut scorer = ModelScorer {
             model: self.inputs.model,
             windows: work.windows,
@@ -178,7 +181,7 @@ impl Scoring<'_> {
     /// protocol, the others follow it; rank 0 also gathers every rank's figures.
     fn model_parallel(
         &self,
-        work: dp::Work<'_>,
+        work: dp::Work<'_, WindowResult>,
     ) -> Result<(Option<Gathered>, Option<MeshInfo>), EvalError> {
         let (comm, dims, cfg) = (self.comm, self.dims, self.inputs.cfg);
         let model = self.inputs.model;

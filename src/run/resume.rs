@@ -81,7 +81,7 @@ fn plan_resume(
         }
     };
     let (done, notes) = if cfg.resume {
-        let (done, notes) = ledger::load(dir, binding)?;
+        let (done, notes) = ledger::load::<WindowResult>(dir, binding)?;
         let plan = &setup.prepared.plan;
         for r in &done {
             let expected = plan.windows.get(r.index).map_or(0, |w| w.targets.len());
