@@ -125,7 +125,16 @@ fn cp_composes_with_tensor_parallelism_within_1e5_and_batch_independent() {
     assert_close(&single, &tp, "cp 2 × tp 3");
     common::assert_same_numbers(
         &tp,
-        &short(&["--ranks", "6", "--cp", "2", "--tp", "3", "--batch-size", "3"]),
+        &short(&[
+            "--ranks",
+            "6",
+            "--cp",
+            "2",
+            "--tp",
+            "3",
+            "--batch-size",
+            "3",
+        ]),
     );
     let ranks = mesh_ranks(&tp);
     assert_eq!(ranks.len(), 6);
@@ -160,7 +169,16 @@ fn cp_composes_with_fsdp_to_the_bit() {
     common::assert_same_numbers(&cp, &fsdp);
     common::assert_same_numbers(
         &cp,
-        &short(&["--ranks", "4", "--cp", "2", "--dp-shard", "2", "--batch-size", "3"]),
+        &short(&[
+            "--ranks",
+            "4",
+            "--cp",
+            "2",
+            "--dp-shard",
+            "2",
+            "--batch-size",
+            "3",
+        ]),
     );
     let ranks = mesh_ranks(&fsdp);
     assert!(
@@ -190,7 +208,11 @@ fn cp_composes_with_fsdp_to_the_bit() {
         })
         .collect();
     per_replica.sort_unstable();
-    assert_eq!(per_replica, vec![4, 6], "windows × cp ranks per replica: 2·2 and 3·2");
+    assert_eq!(
+        per_replica,
+        vec![4, 6],
+        "windows × cp ranks per replica: 2·2 and 3·2"
+    );
 }
 
 #[test]
@@ -214,7 +236,10 @@ fn the_summary_states_the_rings_bytes_and_share() {
         .unwrap_or_else(|| panic!("no ring line in:\n{text}"));
     // Every position's keys and values (30 layers × 2 × 3 heads × 64 × 4 bytes) go once
     // around a ring of 2: 46,080 bytes per token; 5.6 MiB per rank for one window of 256.
-    assert!(line.contains(": 5.6 MiB sent per rank, 46080 B per token"), "{line}");
+    assert!(
+        line.contains(": 5.6 MiB sent per rank, 46080 B per token"),
+        "{line}"
+    );
     let share: f64 = line
         .split("; ring ")
         .nth(1)
