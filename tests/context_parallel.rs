@@ -1,7 +1,8 @@
 //! Context parallelism (`--cp N`): each window split across ranks, attention by a ring.
 //! Agrees with one rank within 1e-5 at f32 on the local and MPI backends, composes with
-//! data parallelism and pipeline stages to the bit, does not depend on the batch size, meters
-//! the ring's bytes exactly, and refuses windows that do not cut into 2·cp chunks.
+//! data parallelism (replicated and FSDP) and pipeline stages to the bit and with tensor
+//! parallelism within 1e-5, does not depend on the batch size, meters the ring's bytes exactly,
+//! and refuses windows that do not cut into 2·cp chunks.
 
 mod common;
 
@@ -111,6 +112,143 @@ fn cp_composes_with_data_and_pipeline_parallelism_to_the_bit() {
     assert!(mesh.layout.contains("replica 0: stage 0: ranks 0,1"));
 }
 
+/// Ranks of `r` whose `weights_bytes` and ring bytes are read below.
+fn mesh_ranks(r: &Results) -> &[ppl::report::MeshRank] {
+    &r.mesh.as_ref().expect("a cp run records its mesh").ranks
+}
+
+#[test]
+fn cp_composes_with_tensor_parallelism_within_1e5_and_batch_independent() {
+    let single = short(&[]);
+    // SmolLM2's 3 KV heads allow tp 3 (tp 2 is refused): a cp group of 2 TP groups of 3.
+    let tp = short(&["--ranks", "6", "--cp", "2", "--tp", "3"]);
+    assert_close(&single, &tp, "cp 2 × tp 3");
+    common::assert_same_numbers(
+        &tp,
+        &short(&[
+            "--ranks",
+            "6",
+            "--cp",
+            "2",
+            "--tp",
+            "3",
+            "--batch-size",
+            "3",
+        ]),
+    );
+    let ranks = mesh_ranks(&tp);
+    assert_eq!(ranks.len(), 6);
+    for r in ranks {
+        // Each TP rank passes its own KV head (one of 3) around its ring.
+        assert_eq!(
+            r.ring_bytes_sent,
+            4 * ring_bytes_per_window(256, 2, 4) / 3,
+            "rank {}",
+            r.rank
+        );
+    }
+    // The cp peers of a TP rank hold the same slice; the TP ranks of a cp rank different ones.
+    let by_coords = |cp: usize, tp: usize| {
+        ranks
+            .iter()
+            .find(|r| r.coords.cp == cp && r.coords.tp == tp)
+            .expect("every (cp, tp) coordinate has a rank")
+    };
+    for t in 0..3 {
+        assert_eq!(by_coords(0, t).weights_bytes, by_coords(1, t).weights_bytes);
+    }
+    let whole = mesh_ranks(&short(&["--ranks", "2", "--cp", "2"]))[0].weights_bytes;
+    assert!(by_coords(0, 0).weights_bytes < whole);
+}
+
+#[test]
+fn cp_composes_with_fsdp_to_the_bit() {
+    let cp = short(&["--ranks", "2", "--cp", "2"]);
+    // FSDP gathers exact weight bytes: the same bits as cp alone, for any batch size.
+    let fsdp = short(&["--ranks", "4", "--cp", "2", "--dp-shard", "2"]);
+    common::assert_same_numbers(&cp, &fsdp);
+    common::assert_same_numbers(
+        &cp,
+        &short(&[
+            "--ranks",
+            "4",
+            "--cp",
+            "2",
+            "--dp-shard",
+            "2",
+            "--batch-size",
+            "3",
+        ]),
+    );
+    let ranks = mesh_ranks(&fsdp);
+    assert!(
+        ranks
+            .iter()
+            .all(|r| r.weights_bytes < mesh_ranks(&cp)[0].weights_bytes),
+        "every rank of a shard group stores part of the blocks"
+    );
+    let ring: u64 = ranks.iter().map(|r| r.ring_bytes_sent).sum();
+    assert_eq!(ring, 4 * 2 * ring_bytes_per_window(256, 2, 4));
+    // 5 windows over 2 shard replicas: one replica runs an idle step (it joins the weight
+    // gathers, no ring) while the other scores its last window.
+    let five = |extra: &[&'static str]| eval(&workload("256", "5", extra));
+    let cp5 = five(&["--ranks", "2", "--cp", "2"]);
+    let fsdp5 = five(&["--ranks", "4", "--cp", "2", "--dp-shard", "2"]);
+    common::assert_same_numbers(&cp5, &fsdp5);
+    assert_close(&five(&[]), &fsdp5, "cp 2 × dp_shard 2, 5 windows");
+    let mut per_replica: Vec<u64> = [0, 1]
+        .iter()
+        .map(|&s| {
+            mesh_ranks(&fsdp5)
+                .iter()
+                .filter(|r| r.coords.dp_shard == s)
+                .map(|r| r.ring_bytes_sent)
+                .sum::<u64>()
+                / ring_bytes_per_window(256, 2, 4)
+        })
+        .collect();
+    per_replica.sort_unstable();
+    assert_eq!(
+        per_replica,
+        vec![4, 6],
+        "windows × cp ranks per replica: 2·2 and 3·2"
+    );
+}
+
+#[test]
+fn the_summary_states_the_rings_bytes_and_share() {
+    let out = ppl_cmd()
+        .arg("eval")
+        .arg("--model")
+        .arg(common::model())
+        .arg("--data")
+        .arg(common::wikitext())
+        .args(workload("256", "1", &["--ranks", "2", "--cp", "2"]))
+        .args(["--progress", "none"])
+        .assert()
+        .success()
+        .get_output()
+        .clone();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("context-parallel ring (cp 2): "))
+        .unwrap_or_else(|| panic!("no ring line in:\n{text}"));
+    // Every position's keys and values (30 layers × 2 × 3 heads × 64 × 4 bytes) go once
+    // around a ring of 2: 46,080 bytes per token; 5.6 MiB per rank for one window of 256.
+    assert!(
+        line.contains(": 5.6 MiB sent per rank, 46080 B per token"),
+        "{line}"
+    );
+    let share: f64 = line
+        .split("; ring ")
+        .nth(1)
+        .and_then(|s| s.split('%').next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no share in {line}"));
+    assert!((0.0..100.0).contains(&share), "{line}");
+}
+
 #[test]
 fn compressed_keys_and_values_halve_the_ring_and_stay_close() {
     let exact = short(&["--ranks", "2", "--cp", "2"]);
@@ -215,6 +353,7 @@ mod mpi {
         for extra in [
             &["--cp", "2", "--dp-replicate", "2"][..],
             &["--cp", "2", "--pp", "2"][..],
+            &["--cp", "2", "--dp-shard", "2"][..],
         ] {
             let r = mpirun_eval("4", &workload("256", "4", extra));
             common::assert_same_numbers(&cp, &r);

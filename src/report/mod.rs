@@ -454,6 +454,43 @@ impl Results {
                 self.timings.total_s,
             );
         }
+        if let Some(line) = self.mesh.as_ref().and_then(|m| {
+            let through_model = self.windows.iter().map(|w| w.input_tokens as u64).sum();
+            ring_summary(m, through_model)
+        }) {
+            s += &line;
+        }
         s
     }
+}
+
+/// The context-parallel ring's line of the summary: what each rank sent, per token through
+/// the model, and the ring's share of the ranks' working time (computing plus waiting in the
+/// ring's sends and receives, i.e. what attention did not hide). `None` without a ring.
+fn ring_summary(mesh: &MeshInfo, tokens_through_model: u64) -> Option<String> {
+    let ranks = &mesh.ranks;
+    let sent: u64 = ranks.iter().map(|r| r.ring_bytes_sent).sum();
+    if mesh.dims.cp <= 1 || sent == 0 {
+        return None;
+    }
+    let share = |ring: f64, compute: f64| {
+        if ring + compute > 0.0 {
+            100.0 * ring / (ring + compute)
+        } else {
+            0.0
+        }
+    };
+    let ring_s: f64 = ranks.iter().map(|r| r.ring_s).sum();
+    let compute_s: f64 = ranks.iter().map(|r| r.compute_s).sum();
+    let (worst_rank, worst) = ranks
+        .iter()
+        .map(|r| (r.rank, share(r.ring_s, r.compute_s)))
+        .fold((0, f64::NEG_INFINITY), |a, b| if b.1 > a.1 { b } else { a });
+    let per_token = sent.checked_div(tokens_through_model).unwrap_or(0);
+    Some(format!(
+        "context-parallel ring (cp {}): {:.1} MiB sent per rank, {per_token} B per token through the model; ring {:.1}% of the ranks' time (compute + ring), at most {worst:.1}% (rank {worst_rank})\n",
+        mesh.dims.cp,
+        sent as f64 / ranks.len() as f64 / (1024.0 * 1024.0),
+        share(ring_s, compute_s),
+    ))
 }
