@@ -37,7 +37,12 @@ echo "gpu-bundle-check: bundle made in $(($(date +%s) - t0)) s"
 # The stub under the driver's soname, in a directory of its own: only this check loads it.
 mkdir -p "$work/driver-stub"
 ln -s "$link/lib/stubs/libcuda.so" "$work/driver-stub/libcuda.so.1"
-stub_path=$work/driver-stub:$libs/nvidia/cu13/lib:$libs/nvidia/nccl/lib
+# The CUDA libraries the bundle linked (PyPI: cuBLAS, cuRAND, NCCL, the runtime), where the
+# link names point.
+stub_path=$work/driver-stub
+for lib in "$link"/lib/lib*.so; do
+  stub_path=$stub_path:$(dirname "$(readlink -f "$lib")")
+done
 
 same_bits() { # bundled-binary results, CPU results
   python3 - "$1" "$2" <<'PY'
@@ -49,10 +54,12 @@ if diff:
 print(f"  identical bits: PPL {a['ppl']!r}, NLL sum {a['nll_sum']!r}, {a['tokens']} tokens")
 PY
 }
+xz -dc "$outdir/ppl.xz" >"$work/ppl"
+chmod +x "$work/ppl"
 for run in "tiny-f16 f32" "tiny-q8_0 native"; do
   read -r model precision <<<"$run"
   echo "gpu-bundle-check: bundled binary, --device cpu, $model $precision, batch size 4"
-  LD_LIBRARY_PATH=$stub_path "$outdir/ppl" eval --model "$outdir/models/$model.gguf" \
+  LD_LIBRARY_PATH=$stub_path "$work/ppl" eval --model "$outdir/models/$model.gguf" \
     --data "$outdir/data.txt" --ctx 512 --precision "$precision" --batch-size 4 --device cpu \
     --progress none --quiet --output "$work/$model-$precision.json" ||
     fail "the bundled binary failed on the CPU ($model, $precision)"
@@ -62,7 +69,7 @@ done
 
 echo "gpu-bundle-check: bundled binary, --device cuda, with the driver stub"
 rc=0
-LD_LIBRARY_PATH=$stub_path "$outdir/ppl" eval --model "$outdir/models/tiny-q8_0.gguf" \
+LD_LIBRARY_PATH=$stub_path "$work/ppl" eval --model "$outdir/models/tiny-q8_0.gguf" \
   --data "$outdir/data.txt" --ctx 512 --device cuda --progress none --quiet \
   --output "$work/cuda.json" >"$work/cuda.log" 2>&1 || rc=$?
 sed 's/^/  /' "$work/cuda.log"

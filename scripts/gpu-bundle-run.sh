@@ -21,7 +21,6 @@ out=${OUT:-$here/results}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 py=${PYTHON:-python3}
-ppl=$here/ppl
 run_limit=${RUN_LIMIT_S:-120}
 total_limit=${TOTAL_LIMIT_S:-480}
 
@@ -29,7 +28,15 @@ stop() { # exit status, message
   echo "run.sh: $2" | tee "$out/summary.txt" >&2
   exit "$1"
 }
-[ -x "$ppl" ] || stop 2 "no ppl binary next to this script ($ppl): is this a bundle from scripts/gpu-bundle.sh?"
+[ -f "$here/ppl.xz" ] || stop 2 "no ppl.xz next to this script ($here): is this a bundle from scripts/gpu-bundle.sh?"
+# The binary travels xz-compressed; unpacked (python's lzma: no xz needed) into a temporary
+# directory, not under $OUT (85 MB that need not come back).
+bin_dir=$(mktemp -d)
+trap 'rm -rf "$bin_dir"' EXIT
+ppl=$bin_dir/ppl
+"$py" -c 'import lzma, sys; open(sys.argv[2], "wb").write(lzma.decompress(open(sys.argv[1], "rb").read()))' \
+  "$here/ppl.xz" "$ppl" || stop 2 "cannot unpack $here/ppl.xz with $py"
+chmod +x "$ppl"
 
 # -- The libraries: every lib/ directory under the python's nvidia.* packages (cu13/lib for
 # cuBLAS, cuRAND, NVRTC and the runtime, nccl/lib for NCCL).

@@ -5,7 +5,7 @@
 #
 #   scripts/gpu-bundle.sh OUTDIR      # then carry OUTDIR there and run: bash OUTDIR/run.sh
 #
-# OUTDIR gets: ppl (built with --features cuda,nccl for compute capability 90, stripped),
+# OUTDIR gets: ppl.xz (built with --features cuda,nccl for compute capability 90, stripped),
 # models/ (two random-weight Llamas with SmolLM2's tokenizer, F16 and Q8_0), data.txt (the
 # start of WikiText-2's test text), runs.tsv (the runs run.sh does), cpu/ (the CPU results of
 # those runs, computed here by the normal build), run.sh and README.txt. At most 60 MiB, or
@@ -66,8 +66,8 @@ fail() {
 }
 [ -x "$cpu_ppl" ] || fail "no CPU build at $cpu_ppl: run \`cargo build --release\` first (or set PPL_CPU_BIN)"
 [ -f "$data_src" ] || fail "no text at $data_src: set DATA to WikiText-2's wiki.test.raw"
-for tool in cc nm readelf strip python3; do
-  command -v "$tool" >/dev/null 2>&1 || fail "needs $tool (binutils, a C compiler, python3)"
+for tool in cc nm readelf strip xz python3; do
+  command -v "$tool" >/dev/null 2>&1 || fail "needs $tool (binutils, a C compiler, xz, python3)"
 done
 # A copy of the CPU build: with PPL_BUNDLE_TARGET_DIR=target (CI) the CUDA build replaces
 # target/release/ppl.
@@ -128,19 +128,25 @@ step "cargo build --features cuda,nccl --bin ppl (the link)"
 cargo build --release --locked --features cuda,nccl --bin ppl
 
 step "binary"
-cp "$target/release/ppl" "$outdir/ppl"
-strip "$outdir/ppl"
-needed=$(readelf -d "$outdir/ppl" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p')
+cp "$target/release/ppl" "$work/ppl"
+strip "$work/ppl"
+needed=$(readelf -d "$work/ppl" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p')
 echo "NEEDED: $(echo "$needed" | tr '\n' ' ')"
-for soname in libcuda.so.1 libcublas.so.13 libcublasLt.so.13 libcurand.so.10 libnvrtc.so.13 libnccl.so.2; do
+# The linker keeps only the libraries whose symbols are used (cuBLASLt and NVRTC are not,
+# here); the driver, cuBLAS and NCCL must be there, by soname.
+for soname in libcuda.so.1 libcublas.so.13 libnccl.so.2; do
   echo "$needed" | grep -qx "$soname" || fail "the binary does not record $soname (NEEDED: $needed)"
 done
 if echo "$needed" | grep -qE '(/|\.so$)'; then
   fail "the binary records an unversioned name or a path: $needed"
 fi
-if readelf -d "$outdir/ppl" | grep -qE '\((RPATH|RUNPATH)\)'; then
+if readelf -d "$work/ppl" | grep -qE '\((RPATH|RUNPATH)\)'; then
   fail "the binary carries an RPATH/RUNPATH (the GPU machine's libraries must be found by LD_LIBRARY_PATH)"
 fi
+# xz: candle's kernels make the binary large (85 MB with -O0 device code) and very
+# compressible (6 MB); run.sh unpacks it with python's lzma.
+xz -T2 -2 -c "$work/ppl" >"$outdir/ppl.xz"
+echo "ppl: $(wc -c <"$work/ppl") bytes stripped, ppl.xz $(wc -c <"$outdir/ppl.xz") bytes"
 
 # -- Models, text, the runs and their CPU results (the normal build).
 step "models (random weights, SmolLM2's tokenizer)"
@@ -196,9 +202,9 @@ figures in cpu/ (goals: f32 within 1e-5 relative, native within 1e-3), run-to-ru
 batch size 1 vs 16, tokens/s, peak GPU memory. Without a GPU or driver it stops at once with
 the reason (exit 3).
 
-ppl           --features cuda,nccl, compute capability 90 (H100/H200), device code nvcc
+ppl.xz        --features cuda,nccl, compute capability 90 (H100/H200), device code nvcc
               flags '${nvcc_flags:-default (optimised)}', stripped; links libcuda.so.1 and
-              the CUDA 13 libraries by soname (readelf -d ppl)
+              the CUDA 13 libraries by soname (NEEDED: $(echo "$needed" | tr '\n' ' '))
 models/       random weights (seed 26), SmolLM2-135M's tokenizer (49152 tokens): Llama,
               hidden 128, 8 layers, 2 heads / 1 KV, FFN 512, tied; F16 and Q8_0
 data.txt      the first $(wc -c <"$outdir/data.txt") bytes of WikiText-2's wiki.test.raw (whole lines)
