@@ -21,6 +21,8 @@ out=${OUT:-$here/results}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 py=${PYTHON:-python3}
+# DEVICE: cuda:0; another value (cpu) only to try this script on a machine without a GPU.
+device=${DEVICE:-cuda:0}
 run_limit=${RUN_LIMIT_S:-120}
 total_limit=${TOTAL_LIMIT_S:-480}
 
@@ -88,7 +90,7 @@ while IFS=$'\t' read -r name model precision batch; do
   smi=$!
   t0=$(date +%s%N)
   timeout -k 10 "$run_limit" "$ppl" eval --model "$here/models/$model.gguf" --data "$here/data.txt" \
-    --ctx 512 --device cuda:0 --precision "$precision" --batch-size "$batch" --progress none \
+    --ctx 512 --device "$device" --precision "$precision" --batch-size "$batch" --progress none \
     --quiet --output "$out/$name.json" >"$out/$name.log" 2>&1
   rc=$?
   kill "$smi" 2>/dev/null
@@ -118,8 +120,11 @@ for name, model, precision, batch in runs:
     r = load(os.path.join(out, name + ".json"))
     results[name] = r
     if r is None:
-        log = open(os.path.join(out, name + ".log")).read().strip().splitlines()
-        print(f"{name:<22} FAILED: {log[-2] if len(log) > 1 else (log or ['?'])[-1]}"[:100])
+        log = open(os.path.join(out, name + ".log")).read().strip().splitlines() or ["?"]
+        if "skipped" in log[-1]:
+            print(f"{name:<22} SKIPPED (time limit)")
+        else:  # the log's last line is the exit status; the one before, ppl's error
+            print(f"{name:<22} FAILED: {log[-2] if len(log) > 1 else log[-1]}"[:160])
         ok = False
         continue
     cpu = load(os.path.join(here, "cpu", f"{model}-{precision}.json"))
