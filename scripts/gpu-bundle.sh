@@ -32,7 +32,7 @@
 #   PPL_CPU_BIN            the normal CPU build that writes the models and the CPU results
 #                          (default target/release/ppl)
 #   DATA                   the text (default ../shared/data/wikitext-2-raw/wiki.test.raw)
-#   PPL_BUNDLE_DATA_BYTES  how much of it (default 100000: ~24k tokens, 47 windows of 512)
+#   PPL_BUNDLE_DATA_BYTES  how much of it (default 60000: ~14k tokens, 28 windows of 512)
 #   PPL_CUDA_LIBS, PPL_CUDA_LINK  caches (default ~/.cache/ppl/cuda-13.0-libs, -link)
 set -euo pipefail
 
@@ -55,7 +55,7 @@ target=${PPL_BUNDLE_TARGET_DIR:-$root/target/cuda-bundle}
 nvcc_flags=${PPL_BUNDLE_NVCC_FLAGS:-}
 cpu_ppl=${PPL_CPU_BIN:-$root/target/release/ppl}
 data_src=${DATA:-$root/../shared/data/wikitext-2-raw/wiki.test.raw}
-data_bytes=${PPL_BUNDLE_DATA_BYTES:-100000}
+data_bytes=${PPL_BUNDLE_DATA_BYTES:-60000}
 libs=${PPL_CUDA_LIBS:-$HOME/.cache/ppl/cuda-13.0-libs}
 link=${PPL_CUDA_LINK:-$HOME/.cache/ppl/cuda-13.0-link}
 
