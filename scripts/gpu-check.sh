@@ -10,6 +10,7 @@
 # The CPU reference: CPU_PPL (the figure, e.g. from the README's "Measured" section for all
 # chunks), or CPU_RESULTS (a results.json of `ppl eval --precision f32` over the same chunks),
 # else computed here on the CPU (about 20 minutes on 2 cores for all of WikiText-2).
+# A GPU machine without Rust or network gets a prebuilt bundle instead: scripts/gpu-bundle.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ppl=${PPL:-./target/release/ppl}

@@ -12,7 +12,6 @@ use super::{
 };
 use crate::model::{fetch, GgufFile, Quantize};
 use crate::report::compare::NamedRun;
-use crate::report::progress::ProgressMode;
 use crate::report::{self, Format};
 use crate::run::{self, EvalConfig, RunOptions};
 use crate::tokenize::Tokenizer;
@@ -315,7 +314,7 @@ pub(super) fn run_mpi(
     }
     let mut opts = opts.clone();
     if crate::comm::Communicator::rank(&comm) != 0 {
-        opts.progress = Some(ProgressMode::None);
+        opts.progress = Some(crate::report::progress::ProgressMode::None);
         opts.print_chunks = false;
     }
     Ok(run::evaluate_rank(&comm, cfg, &opts)?)

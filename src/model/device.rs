@@ -28,7 +28,7 @@ pub enum DeviceError {
     Unknown(String),
     #[error("--device {0}: this ppl was built without CUDA support; rebuild it with `cargo build --release --features cuda` (nvcc and the CUDA headers at build time: see the README's GPU section), or run with --device cpu")]
     NotBuilt(DeviceSpec),
-    #[error("cannot open CUDA device {ordinal}: {reason}; check `nvidia-smi`, CUDA_VISIBLE_DEVICES and that the NVIDIA driver is loaded")]
+    #[error("cannot open CUDA device {ordinal}, no CUDA driver or device: {reason}; check `nvidia-smi`, CUDA_VISIBLE_DEVICES and that the NVIDIA driver is loaded, or run with --device cpu")]
     Open { ordinal: usize, reason: String },
 }
 
