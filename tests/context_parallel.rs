@@ -8,7 +8,6 @@ mod common;
 
 use common::{eval, ppl_cmd};
 use ppl::report::Results;
-use predicates::str::contains;
 
 fn relative(a: f64, b: f64) -> f64 {
     ((a - b) / b).abs()
@@ -288,17 +287,7 @@ fn windows_that_do_not_cut_into_chunks_are_refused_before_loading() {
         (&["--ranks", "2", "--cp", "0"], "at least 1"),
     ];
     for (args, message) in cases {
-        ppl_cmd()
-            .arg("eval")
-            .arg("--model")
-            .arg(common::model())
-            .arg("--data")
-            .arg(common::wikitext())
-            .args(args)
-            .args(["--chunks", "1", "--progress", "none"])
-            .assert()
-            .failure()
-            .stderr(contains(message));
+        common::assert_eval_refused(args, message);
     }
 }
 

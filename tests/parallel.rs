@@ -270,17 +270,7 @@ fn impossible_meshes_are_refused_with_the_rule_that_failed() {
         ),
     ];
     for (args, message) in cases {
-        ppl_cmd()
-            .arg("eval")
-            .arg("--model")
-            .arg(common::model())
-            .arg("--data")
-            .arg(common::wikitext())
-            .args(args)
-            .args(["--chunks", "1", "--progress", "none"])
-            .assert()
-            .failure()
-            .stderr(contains(message));
+        common::assert_eval_refused(args, message);
     }
     ppl_cmd()
         .args(["eval", "--tp", "0", "--model", "m.gguf", "--data", "d.txt"])

@@ -69,6 +69,22 @@ pub fn ppl_cmd() -> assert_cmd::Command {
     c
 }
 
+/// `ppl eval` on the reference model and data (one chunk) with `args` must be refused with an
+/// error containing `message`.
+pub fn assert_eval_refused(args: &[&str], message: &str) {
+    ppl_cmd()
+        .arg("eval")
+        .arg("--model")
+        .arg(model())
+        .arg("--data")
+        .arg(wikitext())
+        .args(args)
+        .args(["--chunks", "1", "--progress", "none"])
+        .assert()
+        .failure()
+        .stderr(predicates::str::contains(message));
+}
+
 /// Runs `ppl eval --model M --data wikitext <args> --output tmp.json` once per argument list,
 /// one evaluation at a time (they use every core), and returns the parsed results.
 pub fn eval(args: &[&str]) -> Results {
