@@ -52,6 +52,32 @@ fn whole_wikitext_matches_llama_cpp_ids() {
 }
 
 #[test]
+fn a_prefix_of_wikitext_is_a_prefix_of_llama_cpps_ids() {
+    // `--chunks N` tokenizes only the beginning it needs: the ids must be the whole text's.
+    let tok = smollm_tokenizer();
+    let text = std::fs::read_to_string(common::wikitext()).unwrap();
+    let path = common::shared().join("reference/smollm2-135m-q4_1.wiki.test.raw.ids");
+    let want: Vec<u32> = std::fs::read_to_string(&path)
+        .unwrap()
+        .lines()
+        .map(|l| l.trim().parse().unwrap())
+        .collect();
+    for min in [1, 512, 1024, 4096, 70_000, 150_000] {
+        let got = tok.encode_at_least(&text, min).unwrap();
+        assert!(got.ids.len() >= min, "{min}: only {} ids", got.ids.len());
+        assert!(!got.whole, "{min}: the whole text was encoded");
+        // No round encodes far more than it needs (one piece per thread at most).
+        assert!(got.ids.len() < min + 40_000, "{min}: {} ids", got.ids.len());
+        assert_eq!(got.ids, want[..got.ids.len()], "{min}");
+    }
+    for min in [301_948, usize::MAX] {
+        let got = tok.encode_at_least(&text, min).unwrap();
+        assert!(got.whole);
+        assert_eq!(got.ids, want, "{min}");
+    }
+}
+
+#[test]
 fn tokenize_command_prints_ids() {
     common::ppl_cmd()
         .args(["tokenize", "--text", "Hello world", "--model"])

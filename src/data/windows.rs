@@ -50,6 +50,9 @@ pub struct WindowPlan {
     pub windows: Vec<Window>,
     /// Tokens in the stream the windows were cut from (all documents for `rolling`).
     pub stream_tokens: usize,
+    /// The whole text was tokenized; false when `--chunks`/`--max-tokens` needed only a
+    /// prefix of it, and `stream_tokens` counts that prefix.
+    pub whole_text: bool,
 }
 
 impl WindowPlan {

@@ -106,7 +106,7 @@ fn summary_table(r: &Results) -> String {
     let _ = write!(
         t,
         "<tr><th>model</th><td><code>{}</code><br>{} · {} parameters · {} layers · sha256 <code>{}</code></td></tr>\
-         <tr><th>data</th><td><code>{}</code><br>{} bytes · {} tokens · sha256 <code>{}</code></td></tr>\
+         <tr><th>data</th><td><code>{}</code><br>{} bytes · {} · sha256 <code>{}</code></td></tr>\
          <tr><th>world</th><td>{} backend · {} rank(s) · {} schedule</td></tr>\
          <tr><th>timings</th><td>eval {:.2} s · {:.1} tokens/s · total {:.2} s · peak RSS {}</td></tr>\
          <tr><th>versions</th><td>ppl {} · results schema {}</td></tr>\
@@ -118,7 +118,11 @@ fn summary_table(r: &Results) -> String {
         r.model.sha256,
         escape(&r.data.path),
         r.data.bytes,
-        r.data.stream_tokens,
+        if r.data.whole_text_tokenized {
+            format!("{} tokens", r.data.stream_tokens)
+        } else {
+            format!("first {} tokens (no more needed)", r.data.stream_tokens)
+        },
         r.data.sha256,
         escape(&r.world.backend),
         r.world.size,

@@ -277,13 +277,22 @@ pub struct ModelInfo {
     pub add_bos: bool,
 }
 
+/// Results written before `whole_text_tokenized` existed tokenized the whole text.
+fn tokenized_whole_default() -> bool {
+    true
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct DataInfo {
     pub path: String,
     pub sha256: String,
     pub bytes: u64,
-    /// Tokens in the tokenized text (after `max_tokens`).
+    /// Tokens in the tokenized text (after `max_tokens`). When `--chunks` or `--max-tokens`
+    /// needs only the beginning of a long text, only that beginning is tokenized:
+    /// `whole_text_tokenized` is then false and this counts its tokens.
     pub stream_tokens: u64,
+    #[serde(default = "tokenized_whole_default")]
+    pub whole_text_tokenized: bool,
     /// Documents (`rolling` only).
     pub documents: Option<u64>,
     pub words: Option<u64>,

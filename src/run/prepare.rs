@@ -36,7 +36,9 @@ pub(crate) fn prepare(
     };
     match cfg.method {
         Method::Chunks | Method::Stride => {
-            let mut tokens = tok.encode(text)?;
+            let prefix = tok.encode_at_least(text, tokens_needed(cfg))?;
+            let mut tokens = prefix.ids;
+            let whole_text = prefix.whole;
             if let Some(m) = cfg.max_tokens {
                 tokens.truncate(m);
             }
@@ -60,6 +62,7 @@ pub(crate) fn prepare(
                 plan: WindowPlan {
                     windows: ws,
                     stream_tokens: tokens.len(),
+                    whole_text,
                 },
                 documents: None,
             })
@@ -90,11 +93,33 @@ pub(crate) fn prepare(
                 plan: WindowPlan {
                     windows: ws,
                     stream_tokens: stream,
+                    whole_text: true,
                 },
                 documents: Some((docs.len() as u64, words, bytes)),
             })
         }
     }
+}
+
+/// How many tokens of the stream the windows of `chunks`/`stride` can read: with `--chunks N`
+/// or `--max-tokens M` only a prefix of a long text matters, and the rest is not tokenized.
+/// Any longer prefix gives the same windows: `chunks` reads `N × ctx` tokens, `stride`'s first
+/// `N` windows end by `(N - 1) × stride + ctx` (one more keeps the last of them from being
+/// the stream's end).
+fn tokens_needed(cfg: &EvalConfig) -> usize {
+    let by_windows = cfg.chunks.map(|n| match cfg.method {
+        Method::Stride => n
+            .saturating_sub(1)
+            .saturating_mul(cfg.stride)
+            .saturating_add(cfg.ctx)
+            .saturating_add(1),
+        _ => n.saturating_mul(cfg.ctx),
+    });
+    by_windows
+        .into_iter()
+        .chain(cfg.max_tokens)
+        .min()
+        .unwrap_or(usize::MAX)
 }
 
 /// Everything a rank knows before the weights are loaded.

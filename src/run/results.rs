@@ -99,6 +99,7 @@ pub(crate) fn assemble(a: Assembly<'_>) -> Results {
             sha256: setup.text_sha256.clone(),
             bytes: setup.text_len,
             stream_tokens: plan.stream_tokens as u64,
+            whole_text_tokenized: plan.whole_text,
             documents: documents.map(|d| d.0),
             words: documents.map(|d| d.1),
         },

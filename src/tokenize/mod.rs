@@ -114,6 +114,9 @@ pub fn bpe_pre_tokenizer(pre: &str) -> Option<PreTokenizerWrapper> {
 /// SmolLM2 evaluation.
 const PIECE_BYTES: usize = 1 << 16;
 
+/// The smallest piece when only a prefix of the text is wanted ([`Tokenizer::encode_at_least`]).
+const MIN_PREFIX_PIECE_BYTES: usize = 1 << 12;
+
 /// `text` cut into pieces of at least `target` bytes (the last may be shorter). A cut is made
 /// only where the byte-level pre-tokenizers ppl builds (GPT-2's pattern, digit splitting,
 /// Llama 3's and Qwen2's patterns) end a pre-token whether or not the text goes on:
@@ -429,12 +432,21 @@ impl Tokenizer {
     /// Token ids of `text`, with BOS first when the vocabulary asks for it
     /// (llama.cpp's `add_special = true`). Special tokens in the text are not parsed.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
-        let mut ids = Vec::with_capacity(text.len() / 3 + 1);
+        Ok(self.encode_at_least(text, usize::MAX)?.ids)
+    }
+
+    /// The ids of the beginning of `text` (BOS first when the vocabulary asks for it): at
+    /// least `min_tokens` of them, or all of the text's. Encoding stops only where the text's
+    /// ids do not depend on what follows (between byte-level BPE pieces, see [`pieces`], or
+    /// between fragments around user-defined tokens), so the ids are always a prefix of
+    /// [`Tokenizer::encode`]'s: `--chunks 2` on a long text need not tokenize all of it.
+    pub fn encode_at_least(&self, text: &str, min_tokens: usize) -> Result<Prefix> {
+        let mut ids = Vec::with_capacity(text.len().min(min_tokens.saturating_mul(6)) / 3 + 1);
         if self.add_bos {
             ids.extend(self.bos_id);
         }
-        ids.extend(self.encode_plain(text)?);
-        Ok(ids)
+        let whole = self.encode_into(text, &mut ids, min_tokens)?;
+        Ok(Prefix { ids, whole })
     }
 
     /// Text of `ids` (for excerpts in reports): byte-level BPE bytes or SentencePiece pieces
@@ -449,8 +461,18 @@ impl Tokenizer {
     /// Token ids of `text` without BOS.
     pub fn encode_plain(&self, text: &str) -> Result<Vec<u32>> {
         let mut ids = Vec::with_capacity(text.len() / 3 + 1);
+        self.encode_into(text, &mut ids, usize::MAX)?;
+        Ok(ids)
+    }
+
+    /// Appends the ids of `text` to `ids`, stopping at the first independent boundary where
+    /// `ids` holds at least `limit` ids. True when the whole text was encoded.
+    fn encode_into(&self, text: &str, ids: &mut Vec<u32>, limit: usize) -> Result<bool> {
         let mut prev_was_token = true;
         for fragment in partition(text, &self.user_defined) {
+            if ids.len() >= limit {
+                return Ok(false);
+            }
             match fragment {
                 Fragment::Token(id) => {
                     ids.push(id);
@@ -459,25 +481,9 @@ impl Tokenizer {
                 Fragment::Text(t) => {
                     match &self.model {
                         Model::Tokenizers(tok) => {
-                            // GGUF byte-level BPE (a known `pre`) may be fed in pieces.
-                            let piece_bytes = if self.pre.is_some() {
-                                PIECE_BYTES
-                            } else {
-                                usize::MAX
-                            };
-                            // The pieces' ids are the whole text's ids (see `pieces`), so
-                            // they may be encoded at once on every core and joined in order.
-                            let pieces: Vec<&str> = pieces(t, piece_bytes).collect();
-                            let encoded: Vec<Vec<u32>> = pieces
-                                .par_iter()
-                                .map(|piece| {
-                                    tok.encode_fast(*piece, false)
-                                        .map(|enc| enc.get_ids().to_vec())
-                                        .map_err(|e| TokenizeError::Encode(e.to_string()))
-                                })
-                                .collect::<Result<_>>()?;
-                            for piece_ids in encoded {
-                                ids.extend_from_slice(&piece_ids);
+                            let rest_encoded = self.encode_bpe_pieces(tok, t, ids, limit)?;
+                            if !rest_encoded {
+                                return Ok(false);
                             }
                         }
                         Model::Spm(spm) => {
@@ -488,15 +494,70 @@ impl Tokenizer {
                             } else {
                                 t
                             };
-                            spm.encode(t, &mut ids);
+                            spm.encode(t, ids);
                         }
                     }
                     prev_was_token = false;
                 }
             }
         }
-        Ok(ids)
+        Ok(true)
     }
+
+    /// One text fragment through a `tokenizers` pipeline; true when all of it was encoded
+    /// (false: stopped early with `limit` ids reached).
+    fn encode_bpe_pieces(
+        &self,
+        tok: &tokenizers::Tokenizer,
+        text: &str,
+        ids: &mut Vec<u32>,
+        limit: usize,
+    ) -> Result<bool> {
+        // GGUF byte-level BPE (a known `pre`) may be fed in pieces; the pieces' ids are the
+        // whole text's ids (see `pieces`), so they may be encoded at once on every core and
+        // joined in order.
+        let threads = rayon::current_num_threads().max(1);
+        let piece_bytes = match (&self.pre, limit) {
+            (None, _) => usize::MAX,
+            (Some(_), usize::MAX) => PIECE_BYTES,
+            // About 4 bytes a token in English text: a first round of one piece per thread
+            // usually reaches the limit, and no round encodes much more than it needs.
+            (Some(_), limit) => (limit.saturating_sub(ids.len()).saturating_mul(6) / threads)
+                .clamp(MIN_PREFIX_PIECE_BYTES, PIECE_BYTES),
+        };
+        let mut pieces = pieces(text, piece_bytes).peekable();
+        let round = if limit == usize::MAX {
+            usize::MAX
+        } else {
+            threads
+        };
+        while pieces.peek().is_some() {
+            if ids.len() >= limit {
+                return Ok(false);
+            }
+            let batch: Vec<&str> = pieces.by_ref().take(round).collect();
+            let encoded: Vec<Vec<u32>> = batch
+                .par_iter()
+                .map(|piece| {
+                    tok.encode_fast(*piece, false)
+                        .map(|enc| enc.get_ids().to_vec())
+                        .map_err(|e| TokenizeError::Encode(e.to_string()))
+                })
+                .collect::<Result<_>>()?;
+            for piece_ids in encoded {
+                ids.extend_from_slice(&piece_ids);
+            }
+        }
+        Ok(true)
+    }
+}
+
+/// The beginning of a text's ids ([`Tokenizer::encode_at_least`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Prefix {
+    pub ids: Vec<u32>,
+    /// The whole text was encoded (`ids` are all of its ids).
+    pub whole: bool,
 }
 
 #[derive(Debug, PartialEq)]
