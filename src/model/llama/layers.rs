@@ -495,10 +495,25 @@ pub(super) enum Layer {
 
 /// Rotary position embedding: on adjacent pairs (llama.cpp's "normal" RoPE; GGUF stores
 /// Llama's Q/K rows permuted for it) or on the two halves of each head (NeoX, Qwen).
+///
+/// The cos/sin table covers the positions used so far, grown on demand up to the model's
+/// context length: a 512-token evaluation of a 128k-context model computes 512 rows, not
+/// 131,072. Each entry depends only on its position and frequency, so a grown table holds the
+/// same bits as one built whole.
 pub(super) struct Rope {
-    pub(super) cos: Tensor,
-    pub(super) sin: Tensor,
+    inv_freq: Vec<f32>,
+    max_positions: usize,
+    device: Device,
+    table: std::sync::RwLock<Option<RopeTable>>,
     pub(super) neox: bool,
+}
+
+#[derive(Clone)]
+struct RopeTable {
+    /// `[rows, rope_dim / 2]`.
+    cos: Tensor,
+    sin: Tensor,
+    rows: usize,
 }
 
 impl Rope {
@@ -516,19 +531,50 @@ impl Rope {
                 (f / factor) as f32
             })
             .collect();
-        let n = c.context_length;
-        let mut angles = Vec::with_capacity(n * half);
-        for p in 0..n {
-            for &f in &inv_freq {
+        Ok(Self {
+            inv_freq,
+            max_positions: c.context_length,
+            device: device.clone(),
+            table: std::sync::RwLock::new(None),
+            neox: c.rope_neox,
+        })
+    }
+
+    /// A table of at least `positions` rows (or all the model's, when it has fewer).
+    fn table(&self, positions: usize) -> Result<RopeTable> {
+        let have = |t: &Option<RopeTable>| {
+            t.as_ref()
+                .filter(|t| t.rows >= positions.min(self.max_positions))
+                .cloned()
+        };
+        // A poisoned lock only means another thread panicked while growing the table; the
+        // table itself is either the old or the new one, both valid.
+        if let Some(t) = have(&self.table.read().unwrap_or_else(|e| e.into_inner())) {
+            return Ok(t);
+        }
+        let mut guard = self.table.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(t) = have(&guard) {
+            return Ok(t);
+        }
+        let rows = positions
+            .max(256)
+            .next_power_of_two()
+            .min(self.max_positions);
+        let half = self.inv_freq.len();
+        let mut angles = Vec::with_capacity(rows * half);
+        for p in 0..rows {
+            for &f in &self.inv_freq {
                 angles.push(p as f32 * f);
             }
         }
-        let angles = Tensor::from_vec(angles, (n, half), device)?;
-        Ok(Self {
+        let angles = Tensor::from_vec(angles, (rows, half), &self.device)?;
+        let t = RopeTable {
             cos: angles.cos()?,
             sin: angles.sin()?,
-            neox: c.rope_neox,
-        })
+            rows,
+        };
+        *guard = Some(t.clone());
+        Ok(t)
     }
 
     /// Rotates `x [b, heads, t, d]` at positions `0..t`, or at this rank's absolute
@@ -537,14 +583,19 @@ impl Rope {
         let t = x.dim(2)?;
         let (cos, sin) = match cp {
             Some(cp) => {
-                let ids: Vec<u32> = cp.positions().iter().map(|&p| p as u32).collect();
-                let ids = Tensor::from_vec(ids, t, self.cos.device())?;
+                let positions = cp.positions();
+                let table = self.table(positions.iter().max().map_or(0, |&p| p as usize + 1))?;
+                let ids: Vec<u32> = positions.iter().map(|&p| p as u32).collect();
+                let ids = Tensor::from_vec(ids, t, &self.device)?;
                 (
-                    self.cos.index_select(&ids, 0)?,
-                    self.sin.index_select(&ids, 0)?,
+                    table.cos.index_select(&ids, 0)?,
+                    table.sin.index_select(&ids, 0)?,
                 )
             }
-            None => (self.cos.narrow(0, 0, t)?, self.sin.narrow(0, 0, t)?),
+            None => {
+                let table = self.table(t)?;
+                (table.cos.narrow(0, 0, t)?, table.sin.narrow(0, 0, t)?)
+            }
         };
         let (cos, sin) = (cos.to_dtype(x.dtype())?, sin.to_dtype(x.dtype())?);
         Ok(if self.neox {
