@@ -83,6 +83,7 @@ pub fn evaluate_rank(
         opts,
     };
     let results = run_rank(comm, &inputs)?;
+    release_in_background((model, setup));
     Ok(results.map(|r| Results {
         memory: Some(memory),
         ..r
@@ -193,7 +194,20 @@ pub fn evaluate(cfg: &EvalConfig, opts: &RunOptions) -> Result<Results, EvalErro
             })
         })
     })?;
-    outcomes
+    let results = outcomes
         .swap_remove(0)
-        .ok_or_else(|| EvalError::Config("rank 0 returned no results".into()))
+        .ok_or_else(|| EvalError::Config("rank 0 returned no results".into()));
+    release_in_background((models, setups));
+    results
+}
+
+/// Frees `what` (the weights, the GGUF metadata and the tokenizer's tables) on a thread of
+/// its own: returning a model's pages and tens of thousands of vocabulary strings takes tens
+/// of milliseconds that the results need not wait for (a process that exits right after
+/// writing them does not wait at all). Without a thread to spare it is freed here.
+fn release_in_background<T: Send + 'static>(what: T) {
+    // A failed spawn drops the closure, and `what` with it, right here.
+    let _ = std::thread::Builder::new()
+        .name("ppl-release".into())
+        .spawn(move || drop(what));
 }

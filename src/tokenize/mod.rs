@@ -293,13 +293,26 @@ impl Tokenizer {
             h.update(
                 format!("{kind}\0{pre:?}\0{add_bos}\0{add_space_prefix}\0{bos_id:?}\0").as_bytes(),
             );
+            // The Debug text of each array, streamed into the hash (the same bytes as
+            // hashing the formatted string, without building a string of the whole vocabulary).
+            struct Hashing<'a>(&'a mut Sha256);
+            impl std::fmt::Write for Hashing<'_> {
+                fn write_str(&mut self, s: &str) -> std::fmt::Result {
+                    self.0.update(s.as_bytes());
+                    Ok(())
+                }
+            }
             for key in [
                 "tokenizer.ggml.tokens",
                 "tokenizer.ggml.merges",
                 "tokenizer.ggml.scores",
                 "tokenizer.ggml.token_type",
             ] {
-                h.update(format!("{:?}", g.get(key)).as_bytes());
+                // Writing to a hash cannot fail.
+                let _ = std::fmt::Write::write_fmt(
+                    &mut Hashing(&mut h),
+                    format_args!("{:?}", g.get(key)),
+                );
             }
             crate::fingerprint::hex(&h.finalize())
         };

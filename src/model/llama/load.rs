@@ -69,12 +69,8 @@ impl Llama {
             ..TensorSpec::whole("token_embd.weight".into(), &[v, d])
         };
         let need_embd = part.embed || (part.head && config.tied_embeddings);
-        let embd = if need_embd {
-            let raw = shard::read(g, &embd_spec)?;
-            // On the host first: several layouts derive from it, each placed on `device`.
-            let q = Arc::new(qtensor(&raw, "token_embd.weight", &Device::Cpu)?);
-            release(g, &raw, "token_embd.weight");
-            Some(q)
+        let embd_raw = if need_embd {
+            Some(shard::read(g, &embd_spec)?)
         } else {
             None
         };
@@ -82,6 +78,34 @@ impl Llama {
         let (mut embedding, mut output) = (None, None);
         let quant_embd = quantize.filter(|q| q.covers_embeddings(config.tied_embeddings));
         let quant_out = quantize.filter(|q| q.output);
+        // A tied output layer on our kernels is built from the file's bytes (in place for
+        // BF16/F32), and its rows serve the lookups: no candle copy of the table is made.
+        if let Some(raw) = &embd_raw {
+            if part.head
+                && config.tied_embeddings
+                && quant_out.is_none()
+                && own_kernels(precision, kernels)
+            {
+                output = Linear::own(raw, "token_embd.weight")?;
+            }
+        }
+        let tied_own = match &output {
+            Some(Linear::Own(m)) if part.embed && quant_embd.is_none() => Some(m.clone()),
+            _ => None,
+        };
+        let embd = match &embd_raw {
+            Some(raw) if output.is_none() || (part.embed && tied_own.is_none()) => {
+                // On the host first: several layouts derive from it, each placed on `device`.
+                Some(Arc::new(qtensor(raw, "token_embd.weight", &Device::Cpu)?))
+            }
+            _ => None,
+        };
+        if let Some(raw) = embd_raw {
+            release(g, &raw, "token_embd.weight");
+        }
+        if let Some(m) = tied_own {
+            embedding = Some(EmbeddingTable::Own(m));
+        }
         // A tied table follows the output layer's type (as llama.cpp's quantizer).
         let embd_site = Site {
             name: "token_embd.weight",
@@ -110,7 +134,7 @@ impl Llama {
                     }
                 }
             };
-            if part.head && config.tied_embeddings {
+            if part.head && config.tied_embeddings && output.is_none() {
                 output = Some(match (quant_out, precision) {
                     (Some(q), _) => {
                         let raw = shard::read(g, &embd_spec)?;
@@ -126,7 +150,7 @@ impl Llama {
                     (None, p) => Linear::Candle(QMatMul::Tensor(dense(embd, p, device)?)),
                 });
             }
-            if part.embed {
+            if part.embed && embedding.is_none() {
                 embedding = Some(match (quant_embd, precision) {
                     (Some(q), _) => requantized(&q)?,
                     (None, Precision::Native) => {
