@@ -98,6 +98,37 @@ pub(crate) fn silu_mul_with(isa: super::Isa, gate: &[f32], up: &[f32]) -> Vec<f3
     h
 }
 
+/// Elements per parallel task of the elementwise operations below.
+const ELEMENTWISE_CHUNK: usize = 1 << 14;
+
+/// `a + b`, elementwise, on the caller's thread pool (the residual stream). candle's add
+/// runs on a pool of its own whose workers spin at a barrier after every call, competing
+/// with ours for the cores; the sums are the same bits.
+pub fn add(a: &[f32], b: &[f32]) -> Vec<f32> {
+    assert_eq!(a.len(), b.len(), "add shapes");
+    a.par_iter()
+        .with_min_len(ELEMENTWISE_CHUNK)
+        .zip(b.par_iter())
+        .map(|(&x, &y)| x + y)
+        .collect()
+}
+
+/// `gelu(g)·u` with GELU's tanh approximation, elementwise on the caller's thread pool:
+/// candle's `gelu` and `mul` written in one pass, operation for operation, so the values are
+/// the same bits as `(gate.gelu()? * up)?` (the scalar `tanh` at every instruction level).
+pub fn gelu_mul(gate: &[f32], up: &[f32]) -> Vec<f32> {
+    assert_eq!(gate.len(), up.len(), "gate/up shapes");
+    const SQRT_TWO_OVER_PI: f32 = 0.797_884_6;
+    gate.par_iter()
+        .with_min_len(ELEMENTWISE_CHUNK)
+        .zip(up.par_iter())
+        .map(|(&v, &u)| {
+            let gelu = 0.5 * v * (1.0 + f32::tanh(SQRT_TWO_OVER_PI * v * (1.0 + 0.044715 * v * v)));
+            gelu * u
+        })
+        .collect()
+}
+
 fn silu_mul_one(g: f32, u: f32) -> f32 {
     g / (1.0 + exp(-g)) * u
 }
@@ -232,6 +263,41 @@ mod avx512 {
 mod tests {
     use super::super::panel::tests::lcg;
     use super::*;
+
+    #[test]
+    fn add_and_gelu_mul_are_candles_bits() {
+        use candle_core::{Device, Tensor};
+        let mut seed = 11;
+        // Longer than one task, not a multiple of it; extreme and special values too.
+        let mut a: Vec<f32> = (0..40_003).map(|_| lcg(&mut seed) * 20.0 - 10.0).collect();
+        let mut b: Vec<f32> = (0..40_003).map(|_| lcg(&mut seed) * 6.0 - 3.0).collect();
+        let specials = [
+            0.0,
+            -0.0,
+            1e-30,
+            -1e30,
+            3.4e38,
+            f32::MIN_POSITIVE,
+            88.0,
+            -88.0,
+        ];
+        a[..specials.len()].copy_from_slice(&specials);
+        b[7..7 + specials.len()].copy_from_slice(&specials);
+        let ta = Tensor::from_slice(&a, a.len(), &Device::Cpu).unwrap();
+        let tb = Tensor::from_slice(&b, b.len(), &Device::Cpu).unwrap();
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let sum = (&ta + &tb).unwrap().to_vec1::<f32>().unwrap();
+        assert_eq!(bits(&add(&a, &b)), bits(&sum));
+        let gm = (ta.gelu().unwrap() * &tb)
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap();
+        assert_eq!(bits(&gelu_mul(&a, &b)), bits(&gm));
+        // And the values are GELU's: 0 at 0, x for large x, ~0.8412 at 1.
+        assert_eq!(gelu_mul(&[0.0, 1.0, 10.0], &[1.0; 3])[0], 0.0);
+        assert!((gelu_mul(&[1.0], &[1.0])[0] - 0.841_192).abs() < 1e-5);
+        assert_eq!(gelu_mul(&[10.0], &[2.0])[0], 20.0);
+    }
 
     #[test]
     fn every_isa_level_gives_the_same_bits_and_exp_is_accurate() {

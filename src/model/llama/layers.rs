@@ -322,7 +322,15 @@ impl Mlp {
     pub(super) fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let gate = self.gate.forward(x)?;
         let up = self.up.forward(x)?;
-        let h = if self.gelu {
+        let on_host_f32 = gate.dtype() == DType::F32
+            && up.dtype() == DType::F32
+            && gate.device().is_cpu()
+            && gate.shape() == up.shape();
+        let h = if self.gelu && on_host_f32 {
+            // candle's gelu and mul in one pass on our pool, the same bits (see math).
+            let h = with_f32(&gate, |g| with_f32(&up, |u| math::gelu_mul(g, u)))??;
+            Tensor::from_vec(h, gate.shape(), &Device::Cpu)?
+        } else if self.gelu {
             (gate.gelu()? * up)?
         } else if gate.dtype() == DType::F32 && self.fused {
             // One pass with our vectorised exponential (see kernels::math).
@@ -481,10 +489,25 @@ impl Block {
             self.attn
                 .forward(&self.attn_norm.forward(x)?, rope, mask, cc)?,
         )?;
-        let h = (x + post(a, &self.post_attn_norm)?)?;
+        let h = residual(x, &post(a, &self.post_attn_norm)?)?;
         let m = cc.reduce(self.mlp.forward(&self.ffn_norm.forward(&h)?)?)?;
-        Ok((&h + post(m, &self.post_ffn_norm)?)?)
+        residual(&h, &post(m, &self.post_ffn_norm)?)
     }
+}
+
+/// `x + y` on the residual stream: our elementwise add for f32 on the host (the same bits
+/// as candle's, without its pool's spinning barrier, see [`math::add`]), candle's elsewhere.
+fn residual(x: &Tensor, y: &Tensor) -> Result<Tensor> {
+    if x.device().is_cpu()
+        && y.device().is_cpu()
+        && x.dtype() == DType::F32
+        && y.dtype() == DType::F32
+        && x.shape() == y.shape()
+    {
+        let sum = with_f32(x, |a| with_f32(y, |b| math::add(a, b)))??;
+        return Ok(Tensor::from_vec(sum, x.shape(), &Device::Cpu)?);
+    }
+    Ok((x + y)?)
 }
 
 /// A block as a rank holds it: ready to run, or as its FSDP piece.
