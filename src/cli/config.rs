@@ -11,7 +11,7 @@
 //!
 //! Processing: `${VAR}` / `${VAR:-default}` are expanded from the environment; the YAML is
 //! flattened to dotted keys; `--set key=value` overrides are applied; every key is checked
-//! against [`SCHEMA`] (unknown keys get the closest valid key suggested, values are type- and
+//! against the option table's keys ([`super::options::schema`]: unknown keys get the closest valid key suggested, values are type- and
 //! range-checked, errors carry the key path). Command-line flags win over the file.
 
 use std::collections::BTreeMap;
@@ -19,164 +19,7 @@ use std::path::{Path, PathBuf};
 
 use yaml_rust2::{Yaml, YamlLoader};
 
-/// What a key holds.
-#[derive(Debug, Clone, Copy)]
-enum Kind {
-    Path,
-    /// Any non-empty string.
-    Str,
-    /// An integer ≥ the bound; `-1` allowed where `minus_one` ("all" or "infer").
-    Int {
-        min: i64,
-        minus_one: bool,
-    },
-    Bool,
-    Choice(&'static [&'static str]),
-}
-
-/// Every valid key.
-const SCHEMA: &[(&str, Kind)] = &[
-    ("task", Kind::Choice(&["wikitext"])),
-    ("model.path", Kind::Path),
-    ("model.format", Kind::Choice(&["gguf", "safetensors"])),
-    ("data.path", Kind::Path),
-    ("data.text_field", Kind::Str),
-    (
-        "data.method",
-        Kind::Choice(&["chunks", "stride", "rolling"]),
-    ),
-    (
-        "data.stride",
-        Kind::Int {
-            min: 1,
-            minus_one: false,
-        },
-    ),
-    (
-        "data.chunks",
-        Kind::Int {
-            min: 1,
-            minus_one: true,
-        },
-    ),
-    (
-        "data.max_tokens",
-        Kind::Int {
-            min: 1,
-            minus_one: false,
-        },
-    ),
-    (
-        "parallel.dp_replicate",
-        Kind::Int {
-            min: 1,
-            minus_one: false,
-        },
-    ),
-    (
-        "parallel.dp_shard",
-        Kind::Int {
-            min: 1,
-            minus_one: true,
-        },
-    ),
-    (
-        "parallel.tp",
-        Kind::Int {
-            min: 1,
-            minus_one: false,
-        },
-    ),
-    (
-        "parallel.cp",
-        Kind::Int {
-            min: 1,
-            minus_one: false,
-        },
-    ),
-    (
-        "parallel.pp",
-        Kind::Int {
-            min: 1,
-            minus_one: false,
-        },
-    ),
-    ("parallel.tp_backend", Kind::Choice(&["host", "nccl"])),
-    (
-        "parallel.comm_dtype",
-        Kind::Choice(&["f32", "bf16", "f16", "int8"]),
-    ),
-    (
-        "evaluation.batch_size",
-        Kind::Int {
-            min: 1,
-            minus_one: false,
-        },
-    ),
-    (
-        "evaluation.max_seq_len",
-        Kind::Int {
-            min: 2,
-            minus_one: false,
-        },
-    ),
-    (
-        "evaluation.precision",
-        Kind::Choice(&["native", "f32", "bf16", "f16"]),
-    ),
-    // cpu, cuda or cuda:N: checked when the configuration is resolved.
-    ("evaluation.device", Kind::Str),
-    (
-        "evaluation.threads",
-        Kind::Int {
-            min: 1,
-            minus_one: false,
-        },
-    ),
-    ("evaluation.schedule", Kind::Choice(&["static", "dynamic"])),
-    (
-        "evaluation.seed",
-        Kind::Int {
-            min: 0,
-            minus_one: false,
-        },
-    ),
-    (
-        "evaluation.bootstrap_samples",
-        Kind::Int {
-            min: 0,
-            minus_one: false,
-        },
-    ),
-    (
-        "evaluation.quantizer.type",
-        Kind::Choice(&[
-            "none",
-            "int4_weight_only",
-            "int8_weight_only",
-            "q4_0",
-            "q4_1",
-            "q8_0",
-            "q4_k",
-            "q6_k",
-            "q4_k_m",
-        ]),
-    ),
-    (
-        "evaluation.quantizer.skip",
-        Kind::Choice(&["none", "embeddings", "output", "embeddings,output"]),
-    ),
-    (
-        "evaluation.quantizer.groupsize",
-        Kind::Int {
-            min: 1,
-            minus_one: false,
-        },
-    ),
-    ("output.dir", Kind::Path),
-    ("output.report", Kind::Bool),
-    ("output.run_dir", Kind::Path),
-];
+use super::options::{schema, Kind};
 
 /// A checked scalar.
 #[derive(Debug, Clone, PartialEq)]
@@ -256,8 +99,7 @@ fn suggestion(key: &str) -> String {
     // An unknown section is named as one: comparing it with whole keys would suggest an
     // unrelated short leaf ('foo' → 'parallel.cp').
     let section = key.split('.').next().unwrap_or(key);
-    let mut sections: Vec<&str> = SCHEMA
-        .iter()
+    let mut sections: Vec<&str> = schema()
         .map(|(k, _)| k.split('.').next().unwrap_or(k))
         .collect();
     sections.dedup();
@@ -273,8 +115,7 @@ fn suggestion(key: &str) -> String {
             );
         }
     }
-    let best = SCHEMA
-        .iter()
+    let best = schema()
         .map(|(k, _)| {
             (
                 distance(key, k).min(
@@ -283,7 +124,7 @@ fn suggestion(key: &str) -> String {
                         k.rsplit('.').next().unwrap_or(k),
                     ) + 2,
                 ),
-                *k,
+                k,
             )
         })
         .min();
@@ -291,11 +132,7 @@ fn suggestion(key: &str) -> String {
         Some((d, k)) if d <= 6 => format!("; did you mean '{k}'?"),
         _ => format!(
             "; valid keys: {}",
-            SCHEMA
-                .iter()
-                .map(|(k, _)| *k)
-                .collect::<Vec<_>>()
-                .join(", ")
+            schema().map(|(k, _)| k).collect::<Vec<_>>().join(", ")
         ),
     }
 }
@@ -373,7 +210,7 @@ fn flatten(
 }
 
 fn check(key: &str, y: &Yaml, origin: &str) -> Result<Value, ConfigError> {
-    let Some((_, kind)) = SCHEMA.iter().find(|(k, _)| *k == key) else {
+    let Some((_, kind)) = schema().find(|(k, _)| *k == key) else {
         // A section given a scalar (e.g. `model: x.gguf`) or a key that does not exist.
         return Err(ConfigError::UnknownKey {
             origin: origin.to_string(),
@@ -418,22 +255,22 @@ fn check(key: &str, y: &Yaml, origin: &str) -> Result<Value, ConfigError> {
                     .map_err(|_| bad(format!("must be an integer, got '{s}'")))?,
                 _ => return Err(bad(format!("must be an integer, got {}", describe(y)))),
             };
-            if i == -1 && *minus_one {
+            if i == -1 && minus_one {
                 Ok(Value::Int(i))
-            } else if i < *min {
+            } else if i < min {
                 Err(bad(format!(
                     "must be at least {min}{}, got {i}",
-                    if *minus_one { " (or -1)" } else { "" }
+                    if minus_one { " (or -1)" } else { "" }
                 )))
             } else {
                 Ok(Value::Int(i))
             }
         }
-        Kind::Choice(options) => match text {
-            Some(t) if options.contains(&t.as_str()) => Ok(Value::Str(t)),
+        Kind::Choice(choices) => match text {
+            Some(t) if choices().contains(&t) => Ok(Value::Str(t)),
             _ => Err(bad(format!(
                 "must be one of {}, got {}",
-                options.join(", "),
+                choices().join(", "),
                 describe(y)
             ))),
         },
