@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 
 use yaml_rust2::{Yaml, YamlLoader};
 
-use super::options::{schema, Kind};
+use super::options::{schema, Kind, EVAL_OPTIONS};
 
 /// A checked scalar.
 #[derive(Debug, Clone, PartialEq)]
@@ -96,6 +96,17 @@ fn distance(a: &str, b: &str) -> usize {
 pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
 
 fn suggestion(key: &str) -> String {
+    // A flag that has no key on purpose ('ranks', 'progress') is named with the reason.
+    let leaf = key.rsplit('.').next().unwrap_or(key).replace('_', "-");
+    if let Some(o) = EVAL_OPTIONS
+        .iter()
+        .find(|o| o.key.is_none() && o.flag == Some(leaf.as_str()))
+    {
+        return format!(
+            "; --{leaf} has no configuration key ({}): give it on the command line",
+            o.one_sided
+        );
+    }
     // An unknown section is named as one: comparing it with whole keys would suggest an
     // unrelated short leaf ('foo' → 'parallel.cp').
     let section = key.split('.').next().unwrap_or(key);
@@ -466,6 +477,16 @@ mod tests {
         );
         let e = parse("evalution: {batch_size: 4}", &[]).unwrap_err();
         assert!(e.contains("did you mean 'evaluation.batch_size'?"), "{e}");
+        let e = parse("parallel: {ranks: 2}", &[]).unwrap_err();
+        assert!(
+            e.contains("unknown key 'parallel.ranks'; --ranks has no configuration key (the world size: in a file, parallel.dp_replicate"),
+            "{e}"
+        );
+        let e = parse("", &["print_chunks=true"]).unwrap_err();
+        assert!(
+            e.contains("--print-chunks has no configuration key (display only"),
+            "{e}"
+        );
         let e = parse("model: m.gguf", &[]).unwrap_err();
         assert!(e.contains("unknown key 'model'"), "{e}");
     }

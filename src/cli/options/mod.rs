@@ -137,7 +137,6 @@ impl EvalOption {
     /// The default as one of an enum's choices.
     pub fn default_choice<T: ValueEnum>(&self) -> T {
         T::from_str(self.default_text(), false)
-            .ok()
             .expect("every DefaultValue::Value in the option table parses (tested)")
     }
 }
