@@ -108,12 +108,13 @@ impl EvalOption {
         self.key.unwrap_or("")
     }
 
-    /// The help text as `--help` shows it.
+    /// The help text as `--help` shows it (without a final full stop, as clap writes its own).
     pub fn help_text(&self) -> String {
+        let help = self.help.strip_suffix('.').unwrap_or(self.help);
         match self.default {
-            DefaultValue::None => self.help.to_string(),
+            DefaultValue::None => help.to_string(),
             DefaultValue::Value(d) | DefaultValue::Described(d) => {
-                format!("{} [default: {d}]", self.help)
+                format!("{help} [default: {d}]")
             }
         }
     }
