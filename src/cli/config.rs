@@ -11,7 +11,7 @@
 //!
 //! Processing: `${VAR}` / `${VAR:-default}` are expanded from the environment; the YAML is
 //! flattened to dotted keys; `--set key=value` overrides are applied; every key is checked
-//! against [`SCHEMA`] (unknown keys get the closest valid key suggested, values are type- and
+//! against the option table's keys ([`super::options::schema`]: unknown keys get the closest valid key suggested, values are type- and
 //! range-checked, errors carry the key path). Command-line flags win over the file.
 
 use std::collections::BTreeMap;
@@ -19,164 +19,7 @@ use std::path::{Path, PathBuf};
 
 use yaml_rust2::{Yaml, YamlLoader};
 
-/// What a key holds.
-#[derive(Debug, Clone, Copy)]
-enum Kind {
-    Path,
-    /// Any non-empty string.
-    Str,
-    /// An integer ≥ the bound; `-1` allowed where `minus_one` ("all" or "infer").
-    Int {
-        min: i64,
-        minus_one: bool,
-    },
-    Bool,
-    Choice(&'static [&'static str]),
-}
-
-/// Every valid key.
-const SCHEMA: &[(&str, Kind)] = &[
-    ("task", Kind::Choice(&["wikitext"])),
-    ("model.path", Kind::Path),
-    ("model.format", Kind::Choice(&["gguf", "safetensors"])),
-    ("data.path", Kind::Path),
-    ("data.text_field", Kind::Str),
-    (
-        "data.method",
-        Kind::Choice(&["chunks", "stride", "rolling"]),
-    ),
-    (
-        "data.stride",
-        Kind::Int {
-            min: 1,
-            minus_one: false,
-        },
-    ),
-    (
-        "data.chunks",
-        Kind::Int {
-            min: 1,
-            minus_one: true,
-        },
-    ),
-    (
-        "data.max_tokens",
-        Kind::Int {
-            min: 1,
-            minus_one: false,
-        },
-    ),
-    (
-        "parallel.dp_replicate",
-        Kind::Int {
-            min: 1,
-            minus_one: false,
-        },
-    ),
-    (
-        "parallel.dp_shard",
-        Kind::Int {
-            min: 1,
-            minus_one: true,
-        },
-    ),
-    (
-        "parallel.tp",
-        Kind::Int {
-            min: 1,
-            minus_one: false,
-        },
-    ),
-    (
-        "parallel.cp",
-        Kind::Int {
-            min: 1,
-            minus_one: false,
-        },
-    ),
-    (
-        "parallel.pp",
-        Kind::Int {
-            min: 1,
-            minus_one: false,
-        },
-    ),
-    ("parallel.tp_backend", Kind::Choice(&["host", "nccl"])),
-    (
-        "parallel.comm_dtype",
-        Kind::Choice(&["f32", "bf16", "f16", "int8"]),
-    ),
-    (
-        "evaluation.batch_size",
-        Kind::Int {
-            min: 1,
-            minus_one: false,
-        },
-    ),
-    (
-        "evaluation.max_seq_len",
-        Kind::Int {
-            min: 2,
-            minus_one: false,
-        },
-    ),
-    (
-        "evaluation.precision",
-        Kind::Choice(&["native", "f32", "bf16", "f16"]),
-    ),
-    // cpu, cuda or cuda:N: checked when the configuration is resolved.
-    ("evaluation.device", Kind::Str),
-    (
-        "evaluation.threads",
-        Kind::Int {
-            min: 1,
-            minus_one: false,
-        },
-    ),
-    ("evaluation.schedule", Kind::Choice(&["static", "dynamic"])),
-    (
-        "evaluation.seed",
-        Kind::Int {
-            min: 0,
-            minus_one: false,
-        },
-    ),
-    (
-        "evaluation.bootstrap_samples",
-        Kind::Int {
-            min: 0,
-            minus_one: false,
-        },
-    ),
-    (
-        "evaluation.quantizer.type",
-        Kind::Choice(&[
-            "none",
-            "int4_weight_only",
-            "int8_weight_only",
-            "q4_0",
-            "q4_1",
-            "q8_0",
-            "q4_k",
-            "q6_k",
-            "q4_k_m",
-        ]),
-    ),
-    (
-        "evaluation.quantizer.skip",
-        Kind::Choice(&["none", "embeddings", "output", "embeddings,output"]),
-    ),
-    (
-        "evaluation.quantizer.groupsize",
-        Kind::Int {
-            min: 1,
-            minus_one: false,
-        },
-    ),
-    ("output.dir", Kind::Path),
-    ("output.report", Kind::Bool),
-    ("output.run_dir", Kind::Path),
-];
+use super::options::{schema, Kind, EVAL_OPTIONS};
 
 /// A checked scalar.
 #[derive(Debug, Clone, PartialEq)]
@@ -253,11 +96,21 @@ fn distance(a: &str, b: &str) -> usize {
 pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
 
 fn suggestion(key: &str) -> String {
+    // A flag that has no key on purpose ('ranks', 'progress') is named with the reason.
+    let leaf = key.rsplit('.').next().unwrap_or(key).replace('_', "-");
+    if let Some(o) = EVAL_OPTIONS
+        .iter()
+        .find(|o| o.key.is_none() && o.flag == Some(leaf.as_str()))
+    {
+        return format!(
+            "; --{leaf} has no configuration key ({}): give it on the command line",
+            o.one_sided
+        );
+    }
     // An unknown section is named as one: comparing it with whole keys would suggest an
     // unrelated short leaf ('foo' → 'parallel.cp').
     let section = key.split('.').next().unwrap_or(key);
-    let mut sections: Vec<&str> = SCHEMA
-        .iter()
+    let mut sections: Vec<&str> = schema()
         .map(|(k, _)| k.split('.').next().unwrap_or(k))
         .collect();
     sections.dedup();
@@ -273,8 +126,7 @@ fn suggestion(key: &str) -> String {
             );
         }
     }
-    let best = SCHEMA
-        .iter()
+    let best = schema()
         .map(|(k, _)| {
             (
                 distance(key, k).min(
@@ -283,7 +135,7 @@ fn suggestion(key: &str) -> String {
                         k.rsplit('.').next().unwrap_or(k),
                     ) + 2,
                 ),
-                *k,
+                k,
             )
         })
         .min();
@@ -291,11 +143,7 @@ fn suggestion(key: &str) -> String {
         Some((d, k)) if d <= 6 => format!("; did you mean '{k}'?"),
         _ => format!(
             "; valid keys: {}",
-            SCHEMA
-                .iter()
-                .map(|(k, _)| *k)
-                .collect::<Vec<_>>()
-                .join(", ")
+            schema().map(|(k, _)| k).collect::<Vec<_>>().join(", ")
         ),
     }
 }
@@ -373,7 +221,7 @@ fn flatten(
 }
 
 fn check(key: &str, y: &Yaml, origin: &str) -> Result<Value, ConfigError> {
-    let Some((_, kind)) = SCHEMA.iter().find(|(k, _)| *k == key) else {
+    let Some((_, kind)) = schema().find(|(k, _)| *k == key) else {
         // A section given a scalar (e.g. `model: x.gguf`) or a key that does not exist.
         return Err(ConfigError::UnknownKey {
             origin: origin.to_string(),
@@ -418,22 +266,22 @@ fn check(key: &str, y: &Yaml, origin: &str) -> Result<Value, ConfigError> {
                     .map_err(|_| bad(format!("must be an integer, got '{s}'")))?,
                 _ => return Err(bad(format!("must be an integer, got {}", describe(y)))),
             };
-            if i == -1 && *minus_one {
+            if i == -1 && minus_one {
                 Ok(Value::Int(i))
-            } else if i < *min {
+            } else if i < min {
                 Err(bad(format!(
                     "must be at least {min}{}, got {i}",
-                    if *minus_one { " (or -1)" } else { "" }
+                    if minus_one { " (or -1)" } else { "" }
                 )))
             } else {
                 Ok(Value::Int(i))
             }
         }
-        Kind::Choice(options) => match text {
-            Some(t) if options.contains(&t.as_str()) => Ok(Value::Str(t)),
+        Kind::Choice(choices) => match text {
+            Some(t) if choices().contains(&t) => Ok(Value::Str(t)),
             _ => Err(bad(format!(
                 "must be one of {}, got {}",
-                options.join(", "),
+                choices().join(", "),
                 describe(y)
             ))),
         },
@@ -629,6 +477,16 @@ mod tests {
         );
         let e = parse("evalution: {batch_size: 4}", &[]).unwrap_err();
         assert!(e.contains("did you mean 'evaluation.batch_size'?"), "{e}");
+        let e = parse("parallel: {ranks: 2}", &[]).unwrap_err();
+        assert!(
+            e.contains("unknown key 'parallel.ranks'; --ranks has no configuration key (the world size: in a file, parallel.dp_replicate"),
+            "{e}"
+        );
+        let e = parse("", &["print_chunks=true"]).unwrap_err();
+        assert!(
+            e.contains("--print-chunks has no configuration key (display only"),
+            "{e}"
+        );
         let e = parse("model: m.gguf", &[]).unwrap_err();
         assert!(e.contains("unknown key 'model'"), "{e}");
     }

@@ -7,6 +7,7 @@ use anyhow::bail;
 
 use super::checks;
 use super::config::Config;
+use super::options;
 use clap::Args;
 
 use crate::comm::codec::CommDtype;
@@ -18,140 +19,89 @@ use crate::parallel::schedule::Schedule;
 use crate::report::progress::ProgressMode;
 use crate::run::{EvalConfig, RunOptions};
 
+/// `ppl eval`'s flags: each field's type, short name and parser; its help, configuration key
+/// and default are its row in [`super::options`] (the help is set from there).
 #[derive(Debug, Args, Clone)]
+#[command(mut_args(super::options::with_table_help))]
 pub struct EvalArgs {
-    /// YAML configuration (flags given here win over it).
     #[arg(long)]
     pub(super) config: Option<PathBuf>,
-    /// Override a configuration key, e.g. --set evaluation.batch_size=8 (repeatable).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub(super) sets: Vec<String>,
-    /// Model: a GGUF file, or a Hugging Face checkpoint directory (config.json, safetensors, tokenizer.json).
     #[arg(short, long)]
     pub(super) model: Option<PathBuf>,
-    /// UTF-8 text file to evaluate on.
     #[arg(short = 'f', long)]
     pub(super) data: Option<PathBuf>,
-    /// The field of each JSON Lines record (`--data F.jsonl`) holding its text [default: text].
     #[arg(long, value_name = "NAME")]
     pub(super) text_field: Option<String>,
-    /// How the text is cut into windows [default: chunks].
     #[arg(long, value_enum)]
     pub(super) method: Option<Method>,
-    /// A benchmark task reproduced exactly: wikitext (lm-evaluation-harness; rolling windows
-    /// of the model's maximum length unless --ctx is given).
     #[arg(long, value_enum)]
     pub(super) task: Option<crate::task::Task>,
-    /// Window length in tokens [default: 512].
     #[arg(short, long, allow_negative_numbers = true, value_parser = checks::whole::<usize>)]
     pub(super) ctx: Option<usize>,
-    /// Step between window starts for --method stride [default: ctx/2].
     #[arg(long, allow_negative_numbers = true, value_parser = checks::whole::<usize>)]
     pub(super) stride: Option<usize>,
-    /// Score at most N windows (chunks, stride) or N documents (rolling).
     #[arg(long, allow_negative_numbers = true, value_parser = checks::whole::<usize>)]
     pub(super) chunks: Option<usize>,
-    /// Use only the first N tokens of the text (chunks, stride).
     #[arg(long, allow_negative_numbers = true, value_parser = checks::whole::<usize>)]
     pub(super) max_tokens: Option<usize>,
-    /// Windows per forward pass [default: 1].
     #[arg(short, long, allow_negative_numbers = true, value_parser = checks::whole::<usize>)]
     pub(super) batch_size: Option<usize>,
-    /// Compute threads [default: all cores].
     #[arg(short, long, allow_negative_numbers = true, value_parser = checks::whole::<usize>)]
     pub(super) threads: Option<usize>,
-    /// native: quantized weights as stored; f32: weights dequantized to f32 [default: native].
     #[arg(long, value_enum)]
     pub(super) precision: Option<Precision>,
-    /// Where the model runs: cpu, cuda (each rank of a machine on its own GPU) or cuda:N
-    /// (needs a build with `--features cuda`) [default: cpu].
     #[arg(long, value_name = "DEVICE")]
     pub(super) device: Option<DeviceSpec>,
-    /// Where tensor-parallel activations are summed: host (the rank communicator) or nccl
-    /// (GPU to GPU; needs --device cuda and a build with `--features nccl`) [default: host].
     #[arg(long, value_enum, value_name = "BACKEND")]
     pub(super) tp_backend: Option<TpBackend>,
-    /// Seed of the bootstrap resampling; rank 0's value is used by every rank [default: 42].
     #[arg(long, allow_negative_numbers = true, value_parser = checks::whole::<u64>)]
     pub(super) seed: Option<u64>,
-    /// Ranks of the local backend: threads sharing one copy of the weights [default: 1].
     #[arg(long, allow_negative_numbers = true, value_parser = checks::whole::<usize>)]
     pub(super) ranks: Option<usize>,
-    /// Data-parallel replicas, each holding a whole copy of the model (or of its shards).
     #[arg(long, value_name = "N")]
     pub(super) dp_replicate: Option<i64>,
-    /// FSDP degree: each rank of a shard group stores 1/N of every layer and gathers it just
-    /// before use; -1 = the ranks left over by the other degrees.
     #[arg(long, value_name = "N", allow_hyphen_values = true)]
     pub(super) dp_shard: Option<i64>,
-    /// Tensor-parallel degree: heads, MLP channels and vocabulary split across N ranks.
     #[arg(long, value_name = "N")]
     pub(super) tp: Option<i64>,
-    /// Pipeline-parallel degree: the layers split into N consecutive stages.
     #[arg(long, value_name = "N")]
     pub(super) pp: Option<i64>,
-    /// Context-parallel degree: each window's positions split across N ranks (ring
-    /// attention); --ctx must be divisible by 2·N, --method chunks.
     #[arg(long, value_name = "N")]
     pub(super) cp: Option<i64>,
-    /// Quantize the weights at load: int4 (asymmetric groups, torchao-style), int8 (per
-    /// channel), a GGUF type (q4_0, q4_1, q8_0, q4_k, q6_k) or llama.cpp's q4_k_m mix
-    /// [default: none].
     #[arg(long, value_enum, value_name = "TYPE")]
     pub(super) quantize: Option<Scheme>,
-    /// Values per int4 group along a row [default: 128].
     #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = checks::whole::<usize>)]
     pub(super) group_size: Option<usize>,
-    /// Weights --quantize leaves alone: embeddings, output, embeddings,output or none
-    /// [default: embeddings].
     #[arg(long, value_name = "LIST")]
     pub(super) quantize_skip: Option<String>,
-    /// Activations between model-parallel ranks: f32 (exact) or compressed [default: f32].
     #[arg(long, value_enum)]
     pub(super) comm_dtype: Option<CommDtype>,
-    /// How windows are distributed over ranks [default: static].
     #[arg(long, value_enum)]
     pub(super) schedule: Option<Schedule>,
-    /// Communication backend [default: mpi when started by mpirun/srun, else local].
     #[arg(long, value_enum)]
     pub(super) backend: Option<Backend>,
-    /// Testing aid: rank R reads PATH instead of --data (simulates a node with another file).
     #[arg(long, value_name = "R=PATH", hide = true)]
     pub(super) debug_rank_data: Option<String>,
-    /// Bootstrap replicates for the 95% confidence interval [default: 1000].
     #[arg(long, allow_negative_numbers = true, value_parser = checks::whole::<usize>)]
     pub(super) bootstrap_samples: Option<usize>,
-    /// Print llama.cpp-style running values [1]…,[2]… on stdout.
     #[arg(long)]
     pub(super) print_chunks: bool,
-    /// Run directory: the ledger of finished windows and the configuration go here
-    /// [default: a fresh YYYYMMDD-HHMMSS under ~/.local/state/ppl/runs ($XDG_STATE_HOME,
-    /// $PPL_STATE_DIR); `ppl runs` lists them].
     #[arg(long, value_name = "DIR")]
     pub(super) run_dir: Option<PathBuf>,
-    /// Resume the run in DIR: windows its ledgers hold are not recomputed. Without --config
-    /// or --model, the configuration saved in DIR/config.yaml is used (flags still override,
-    /// e.g. another --ranks or mesh).
     #[arg(long, value_name = "DIR", conflicts_with = "run_dir")]
     pub(super) resume: Option<PathBuf>,
-    /// Write results as JSON to this file (written only when the run completes).
     #[arg(short, long)]
     pub(super) output: Option<PathBuf>,
-    /// Progress display on stderr.
-    #[arg(long, value_enum, default_value_t = ProgressMode::Auto)]
-    pub(super) progress: ProgressMode,
-    /// Also write the HTML report [default path: --output with .html, else report.html].
+    #[arg(long, value_enum)]
+    pub(super) progress: Option<ProgressMode>,
     #[arg(long, num_args = 0..=1, value_name = "PATH")]
     pub(super) report: Option<Option<PathBuf>>,
-    /// Compare with a previous results.json: explain a difference larger than its 95% CI
-    /// (and exit 1).
     #[arg(long, value_name = "RESULTS.json")]
     pub(super) expect: Option<PathBuf>,
-    /// No progress and no summary (the JSON file still gets written).
     #[arg(short, long)]
     pub(super) quiet: bool,
-    /// Allow more local ranks than 4 per core (each rank keeps its own tokenizer, text and
-    /// windows).
     #[arg(long)]
     pub(super) oversubscribe: bool,
 }
@@ -212,6 +162,7 @@ impl EvalArgs {
                 ProgressMode::None
             } else {
                 self.progress
+                    .unwrap_or_else(|| options::PROGRESS.default_choice())
             }),
             print_chunks: self.print_chunks,
             rank_data,
@@ -250,32 +201,22 @@ impl EvalArgs {
         })
     }
 
-    /// Phase two: merges flags (which win), `--set`, the config file and defaults, and checks
-    /// what can be checked without opening any file.
+    /// Phase two: merges flags (which win), `--set`, the config file and the option table's
+    /// defaults, and checks what can be checked without opening any file.
     pub fn resolve(&self) -> anyhow::Result<Resolved> {
+        use options::*;
         let c = self.load_config()?;
-        let uint = |k: &str| c.int(k).filter(|&i| i >= 0).map(|i| i as usize);
-        let scheme = match (self.quantize, c.str("evaluation.quantizer.type")) {
+        let layers = Layers { config: &c };
+        let scheme = match (self.quantize, c.str(QUANTIZE.key())) {
             (Some(s), _) => Some(s),
-            (None, None | Some("none")) => None,
-            (None, Some("int4_weight_only")) => Some(Scheme::Int4),
-            (None, Some("int8_weight_only")) => Some(Scheme::Int8),
-            (None, Some(t)) => {
-                Some(<Scheme as clap::ValueEnum>::from_str(t, true).map_err(|_| {
-                    anyhow::anyhow!("evaluation.quantizer.type = {t}: not a quantization type")
-                })?)
-            }
+            (None, None) => None,
+            (None, Some(t)) => scheme_from_quantizer_type(t)?,
         };
-        let skip = self
-            .quantize_skip
-            .clone()
-            .or_else(|| c.str("evaluation.quantizer.skip").map(str::to_string))
-            .unwrap_or_else(|| "embeddings".into());
+        let skip = layers
+            .string(&QUANTIZE_SKIP, self.quantize_skip.as_ref())
+            .unwrap_or_else(|| QUANTIZE_SKIP.default_parsed());
         let (skip_embeddings, skip_output) = parse_skip(&skip)?;
-        let group_size = self
-            .group_size
-            .or(uint("evaluation.quantizer.groupsize"))
-            .unwrap_or(128);
+        let group_size = layers.count_or_default(&GROUP_SIZE, self.group_size);
         if group_size == 0 {
             bail!("--group-size must be at least 1");
         }
@@ -285,33 +226,21 @@ impl EvalArgs {
             embeddings: !skip_embeddings,
             output: !skip_output,
         });
-        let precision = match (self.precision, c.str("evaluation.precision")) {
-            (Some(p), _) => p,
-            (None, Some("f32")) => Precision::F32,
-            (None, Some("bf16")) => Precision::Bf16,
-            (None, Some("f16")) => Precision::F16,
-            (None, Some("native")) | (None, None) => Precision::Native,
-            (None, Some(p)) => bail!("evaluation.precision = {p}: use native, f32, bf16 or f16"),
-        };
-        let device = match (self.device, c.str("evaluation.device")) {
+        let precision = layers.choice_or_default(&PRECISION, self.precision)?;
+        let device = match (self.device, c.str(DEVICE.key())) {
             (Some(d), _) => d,
             (None, Some(s)) => s
                 .parse()
-                .map_err(|e| anyhow::anyhow!("evaluation.device = {s}: {e}"))?,
-            (None, None) => DeviceSpec::Cpu,
+                .map_err(|e| anyhow::anyhow!("{} = {s}: {e}", DEVICE.key()))?,
+            (None, None) => DEVICE.default_parsed(),
         };
-        let tp_backend = match (self.tp_backend, c.str("parallel.tp_backend")) {
-            (Some(b), _) => b,
-            (None, Some("nccl")) => TpBackend::Nccl,
-            (None, Some("host")) | (None, None) => TpBackend::Host,
-            (None, Some(s)) => bail!("parallel.tp_backend = {s}: use host or nccl"),
-        };
+        let tp_backend = layers.choice_or_default(&TP_BACKEND, self.tp_backend)?;
         let parallel = RequestedDims {
-            dp_replicate: self.dp_replicate.or(c.int("parallel.dp_replicate")),
-            dp_shard: self.dp_shard.or(c.int("parallel.dp_shard")),
-            tp: self.tp.or(c.int("parallel.tp")),
-            cp: self.cp.or(c.int("parallel.cp")),
-            pp: self.pp.or(c.int("parallel.pp")),
+            dp_replicate: layers.int(&DP_REPLICATE, self.dp_replicate),
+            dp_shard: layers.int(&DP_SHARD, self.dp_shard),
+            tp: layers.int(&TP, self.tp),
+            cp: layers.int(&CP, self.cp),
+            pp: layers.int(&PP, self.pp),
         };
         // Degrees of 1 everywhere ask for nothing: plain data parallelism.
         let parallel = if [
@@ -329,91 +258,55 @@ impl EvalArgs {
             parallel
         };
         let dp = parallel.product();
-        let ranks = self.ranks.or(dp).unwrap_or(1);
+        let ranks = self.ranks.or(dp).unwrap_or_else(|| RANKS.default_parsed());
         // Check the degrees now when the world is known (local), so the error comes first.
         if parallel.any() && self.backend() == Backend::Local {
             ParallelDims::resolve(&parallel, ranks)?;
         }
-        let comm_dtype = match (self.comm_dtype, c.str("parallel.comm_dtype")) {
-            (Some(d), _) => d,
-            (None, None) => CommDtype::F32,
-            (None, Some(s)) => <CommDtype as clap::ValueEnum>::from_str(s, true).map_err(|_| {
-                anyhow::anyhow!("parallel.comm_dtype = {s}: use f32, bf16, f16 or int8")
-            })?,
-        };
+        let comm_dtype = layers.choice_or_default(&COMM_DTYPE, self.comm_dtype)?;
         if ranks == 0 {
             bail!("--ranks must be at least 1");
         }
-        let method = self
-            .method
-            .or_else(|| {
-                c.str("data.method").map(|m| match m {
-                    "stride" => Method::Stride,
-                    "rolling" => Method::Rolling,
-                    _ => Method::Chunks,
-                })
-            })
-            .unwrap_or(Method::Chunks);
-        let task = match (self.task, c.str("task")) {
-            (Some(t), _) => Some(t),
-            (None, None) => None,
-            (None, Some(t)) => Some(
-                <crate::task::Task as clap::ValueEnum>::from_str(t, true)
-                    .map_err(|_| anyhow::anyhow!("task = {t}: the tasks are: wikitext"))?,
-            ),
-        };
-        let ctx = self.ctx.or(uint("evaluation.max_seq_len"));
+        let method = layers.choice_or_default(&METHOD, self.method)?;
+        let task = layers.choice(&TASK, self.task)?;
+        let ctx = layers.count(&CTX, self.ctx);
+        let model = layers.path(&MODEL, self.model.as_ref());
         let (method, ctx, task) = match task {
-            None => (method, ctx.unwrap_or(512), None),
+            None => (method, ctx.unwrap_or_else(|| CTX.default_parsed()), None),
             Some(t) => {
-                let method_given = self.method.is_some() || c.str("data.method").is_some();
-                let model = self.model.clone().or_else(|| c.path("model.path"));
+                let method_given = self.method.is_some() || layers.in_config(&METHOD);
                 crate::task::resolve_window(t, method, method_given, ctx, model.as_deref())?
             }
         };
-        let threads = match self.threads.or(uint("evaluation.threads")) {
+        let threads = match layers.count(&THREADS, self.threads) {
             Some(0) => bail!("--threads must be at least 1"),
             Some(n) => crate::preflight::cap_threads(n),
             None if self.backend() == Backend::Mpi => default_threads_under_mpi(),
             None => default_threads(),
         };
-        let stride = match (method, self.stride.or(uint("data.stride"))) {
+        let stride = match (method, layers.count(&STRIDE, self.stride)) {
             (Method::Stride, Some(s)) => s,
             (Method::Stride, None) => (ctx / 2).max(1),
             (_, Some(_)) => bail!("--stride (data.stride) applies only to --method stride"),
             (_, None) => 0,
         };
-        let max_tokens = self.max_tokens.or(uint("data.max_tokens"));
+        let max_tokens = layers.count(&MAX_TOKENS, self.max_tokens);
         if max_tokens.is_some() && method == Method::Rolling {
             bail!("--max-tokens applies to --method chunks and stride; use --chunks to limit documents");
         }
-        let (Some(model), Some(data)) = (
-            self.model.clone().or_else(|| c.path("model.path")),
-            self.data.clone().or_else(|| c.path("data.path")),
-        ) else {
+        let (Some(model), Some(data)) = (model, layers.path(&DATA, self.data.as_ref())) else {
             bail!("give the model and the data: --model M.gguf --data text.txt (or model.path / data.path in --config)");
         };
-        check_model_format(c.str("model.format"), &model)?;
-        let schedule = self
-            .schedule
-            .or_else(|| {
-                c.str("evaluation.schedule").map(|s| {
-                    if s == "dynamic" {
-                        Schedule::Dynamic
-                    } else {
-                        Schedule::Static
-                    }
-                })
-            })
-            .unwrap_or(Schedule::Static);
+        check_model_format(c.str(MODEL_FORMAT.key()), &model)?;
+        let schedule = layers.choice_or_default(&SCHEDULE, self.schedule)?;
         let output = self
             .output
             .clone()
-            .or_else(|| c.path("output.dir").map(|d| d.join("results.json")));
+            .or_else(|| c.path(OUTPUT.key()).map(|d| d.join("results.json")));
         let report = self
             .report
             .clone()
-            .or_else(|| (c.bool("output.report") == Some(true)).then_some(None));
+            .or_else(|| (c.bool(REPORT.key()) == Some(true)).then_some(None));
         Ok(Resolved {
             eval: EvalConfig {
                 model,
@@ -421,28 +314,21 @@ impl EvalArgs {
                 method,
                 ctx,
                 stride,
-                chunks: self.chunks.or(uint("data.chunks")),
+                chunks: layers.count(&CHUNKS, self.chunks),
                 max_tokens,
-                text_field: self
-                    .text_field
-                    .clone()
-                    .or_else(|| c.str("data.text_field").map(str::to_string))
-                    .unwrap_or_else(|| "text".into()),
-                batch_size: self
-                    .batch_size
-                    .or(uint("evaluation.batch_size"))
-                    .unwrap_or(1),
+                text_field: layers
+                    .string(&TEXT_FIELD, self.text_field.as_ref())
+                    .unwrap_or_else(|| TEXT_FIELD.default_parsed()),
+                batch_size: layers.count_or_default(&BATCH_SIZE, self.batch_size),
                 threads,
                 precision,
                 device,
                 seed: self
                     .seed
-                    .or(uint("evaluation.seed").map(|s| s as u64))
-                    .unwrap_or(42),
-                bootstrap_samples: self
-                    .bootstrap_samples
-                    .or(uint("evaluation.bootstrap_samples"))
-                    .unwrap_or(1000),
+                    .or_else(|| layers.count(&SEED, None).map(|s| s as u64))
+                    .unwrap_or_else(|| SEED.default_parsed()),
+                bootstrap_samples: layers
+                    .count_or_default(&BOOTSTRAP_SAMPLES, self.bootstrap_samples),
                 ranks,
                 schedule,
                 parallel,
@@ -452,8 +338,7 @@ impl EvalArgs {
                 run_dir: self
                     .resume
                     .clone()
-                    .or_else(|| self.run_dir.clone())
-                    .or_else(|| c.path("output.run_dir")),
+                    .or_else(|| layers.path(&RUN_DIR, self.run_dir.as_ref())),
                 resume: self.resume.is_some(),
                 task,
             },
@@ -516,89 +401,7 @@ impl Resolved {
     /// `keep_world`: write a plain data-parallel rank count as `dp_replicate` (`config show`);
     /// otherwise leave the world to the next run (a resume may use any world size).
     pub(super) fn yaml(&self, keep_world: bool) -> String {
-        let e = &self.eval;
-        let mut out = format!(
-            "model:\n  path: {}\n  format: {}\ndata:\n  path: {}\n  method: {}\n",
-            e.model.display(),
-            if e.model.is_dir() {
-                "safetensors"
-            } else {
-                "gguf"
-            },
-            e.data.display(),
-            e.method
-        );
-        if e.text_field != "text" {
-            out += &format!(
-                "  text_field: {}\n",
-                serde_json::to_string(&e.text_field).expect("strings serialize")
-            );
-        }
-        if e.method == Method::Stride {
-            out += &format!("  stride: {}\n", e.stride);
-        }
-        out += &format!("  chunks: {}\n", e.chunks.map_or(-1, |c| c as i64));
-        if let Some(m) = e.max_tokens {
-            out += &format!("  max_tokens: {m}\n");
-        }
-        let p = &e.parallel;
-        let deg = |d: Option<i64>| d.unwrap_or(1);
-        out += &format!(
-            "parallel:\n  dp_replicate: {}\n  dp_shard: {}\n  tp: {}\n  cp: {}\n  pp: {}\n  comm_dtype: {}\n  tp_backend: {}\nevaluation:\n  batch_size: {}\n  max_seq_len: {}\n  precision: {}\n  device: {}\n  threads: {}\n  schedule: {}\n  seed: {}\n  bootstrap_samples: {}\n",
-            if p.any() {
-                deg(p.dp_replicate)
-            } else if keep_world {
-                e.ranks as i64
-            } else {
-                1
-            },
-            if p.any() { p.dp_shard.unwrap_or(-1) } else { 1 },
-            deg(p.tp),
-            deg(p.cp),
-            deg(p.pp),
-            e.comm_dtype,
-            e.tp_backend,
-            e.batch_size, e.ctx, e.precision, e.device, e.threads, e.schedule, e.seed, e.bootstrap_samples
-        );
-        if let Some(t) = e.task {
-            // The model's own length is found again on the next run (not pinned as --ctx).
-            if t.window == crate::task::WindowSource::Model {
-                out = out.replace(&format!("  max_seq_len: {}\n", e.ctx), "");
-            }
-            out = format!("task: {}\n{out}", t.name);
-        }
-        if let Some(q) = &e.quantize {
-            let kind = match q.scheme {
-                Scheme::Int4 => "int4_weight_only".to_string(),
-                Scheme::Int8 => "int8_weight_only".to_string(),
-                s => s.to_string(),
-            };
-            let skip = match (q.embeddings, q.output) {
-                (true, true) => "none",
-                (false, true) => "embeddings",
-                (true, false) => "output",
-                (false, false) => "embeddings,output",
-            };
-            out += &format!(
-                "  quantizer:\n    type: {kind}\n    groupsize: {}\n    skip: {skip}\n",
-                q.group_size
-            );
-        }
-        if self.output.is_some() || (keep_world && e.run_dir.is_some()) {
-            out += "output:\n";
-        }
-        if let Some(o) = &self.output {
-            out += &format!(
-                "  dir: {}\n  report: {}\n",
-                o.parent().map_or(".".into(), |p| p.display().to_string()),
-                self.report.is_some()
-            );
-        }
-        // A saved configuration lives in its run directory: `--resume` names it.
-        if let Some(d) = e.run_dir.as_ref().filter(|_| keep_world) {
-            out += &format!("  run_dir: {}\n", d.display());
-        }
-        out
+        options::write_yaml(self, keep_world)
     }
 }
 

@@ -9,6 +9,7 @@ mod dispatch;
 mod eval_args;
 pub mod inspect;
 mod launch;
+mod options;
 mod runs;
 mod synth;
 mod validate;
