@@ -97,9 +97,20 @@ pub enum RunError {
     #[error(transparent)]
     Comm(#[from] CommError),
     #[error(transparent)]
-    Model(#[from] ModelError),
+    Model(ModelError),
     #[error(transparent)]
     Ledger(#[from] LedgerError),
+}
+
+/// A communication failure inside the forward pass becomes [`RunError::Comm`] again, so that
+/// a lost rank reads the same whichever layer noticed it.
+impl From<ModelError> for RunError {
+    fn from(e: ModelError) -> Self {
+        match e {
+            ModelError::Comm(c) => RunError::Comm(c),
+            e => RunError::Model(e),
+        }
+    }
 }
 
 /// What a data-parallel run scores.

@@ -12,7 +12,7 @@ use crate::tokenize::TokenizeError;
 #[derive(Debug, thiserror::Error)]
 pub enum EvalError {
     #[error(transparent)]
-    Model(#[from] ModelError),
+    Model(ModelError),
     #[error(transparent)]
     Gguf(#[from] gguf::GgufError),
     #[error(transparent)]
@@ -59,11 +59,22 @@ pub enum EvalError {
     BaseFile(#[from] crate::eval::base_file::BaseFileError),
 }
 
+/// A communication failure inside the forward pass is an [`EvalError::Comm`], as it is
+/// outside it: [`first_error`] tells a rank's own failure from the echoes by that variant.
+impl From<ModelError> for EvalError {
+    fn from(e: ModelError) -> Self {
+        match e {
+            ModelError::Comm(c) => EvalError::Comm(c),
+            e => EvalError::Model(e),
+        }
+    }
+}
+
 impl From<RunError> for EvalError {
     fn from(e: RunError) -> Self {
         match e {
             RunError::Comm(c) => EvalError::Comm(c),
-            RunError::Model(m) => EvalError::Model(m),
+            RunError::Model(m) => EvalError::from(m),
             RunError::Ledger(l) => EvalError::Ledger(l),
         }
     }
