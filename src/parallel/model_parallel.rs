@@ -168,6 +168,10 @@ impl<'a> StageRunner<'a> {
 
     /// A non-leader's life: run the steps it is handed until `Done`.
     pub fn follow(&mut self) -> Result<(), RunError> {
+        // PPL_DEBUG_STALL_RANK: its peers then wait inside the forward pass.
+        if super::data_parallel::stalled_for_testing(self.world.rank()) {
+            return Ok(());
+        }
         loop {
             let (step, x) = self.receive_step()?;
             let done = step == Step::Done;
@@ -582,3 +586,7 @@ fn split_message(from: usize, b: &[u8]) -> Result<(Step, Option<&[u8]>), CommErr
     let rest = &b[8 + len..];
     Ok((step, (!rest.is_empty()).then_some(rest)))
 }
+
+#[cfg(test)]
+#[path = "model_parallel_tests.rs"]
+mod tests;

@@ -195,5 +195,5 @@ pub fn evaluate(cfg: &EvalConfig, opts: &RunOptions) -> Result<Results, EvalErro
     })?;
     outcomes
         .swap_remove(0)
-        .ok_or_else(|| EvalError::Config("rank 0 returned no results".into()))
+        .ok_or_else(|| EvalError::Internal("rank 0 returned no results".into()))
 }

@@ -37,6 +37,13 @@ pub enum EvalError {
         /// The fix, e.g. `; give a writable --run-dir` (may be empty).
         hint: &'static str,
     },
+    /// Two inputs that do not belong together (a base and a model with other tokens or
+    /// shapes, a saved base file and this run), with what differs and the fix.
+    #[error("{0}")]
+    Incompatible(String),
+    /// A state the drivers' own logic rules out (a bug), reported instead of a panic.
+    #[error("{0}")]
+    Internal(String),
     /// A rank panicked (a bug): reported with the rank instead of tearing the process down.
     #[error("{0}")]
     Panic(String),
