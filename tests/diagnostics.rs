@@ -48,6 +48,32 @@ fn a_silent_rank_ends_the_run_in_bounded_time_and_is_named() {
     );
 }
 
+/// A follower of a split model goes silent: its leader waits for it inside the forward pass
+/// (the tensor-parallel all-reduce, 3 ranks for the test model's 3 KV heads; the
+/// context-parallel ring) and ends the run with the same message, in bounded time.
+#[test]
+fn a_silent_rank_inside_the_forward_pass_ends_the_run_in_bounded_time_and_is_named() {
+    for (ranks, mesh) in [("3", ["--tp", "3"]), ("2", ["--cp", "2"])] {
+        let t = Instant::now();
+        small_eval()
+            .env("PPL_COMM_TIMEOUT", "2")
+            .env("PPL_DEBUG_STALL_RANK", "1")
+            .args(["--ranks", ranks])
+            .args(mesh)
+            .assert()
+            .failure()
+            .code(1)
+            .stderr(contains("no message from rank 1 within 2 s (rank 0 waited"))
+            .stderr(contains("ppl validate --distributed"))
+            .stderr(contains("panicked").not());
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "{mesh:?} took {:?}",
+            t.elapsed()
+        );
+    }
+}
+
 #[test]
 fn expect_explains_a_result_outside_the_previous_interval() {
     let dir = tempfile::tempdir().unwrap();

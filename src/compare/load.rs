@@ -52,7 +52,7 @@ pub(super) fn load_models(
             let now = plan_binding(cfg, setup, &header.binding.model_sha256);
             let differs = header.binding.differences(&now);
             if !differs.is_empty() {
-                return Err(EvalError::Config(format!(
+                return Err(EvalError::Incompatible(format!(
                     "{} (--base-logits) was saved for another evaluation: {}; use the data and options it was saved with, or save it again with --save-base",
                     path.display(),
                     differs.join("; ").replace("ledger ", "file ")
@@ -71,10 +71,13 @@ pub(super) fn load_models(
         }
     };
     if !path.exists() {
-        return Err(EvalError::Config(format!(
-            "cannot open the base model {} (--base): no such file; give the GGUF (or checkpoint directory) the model is compared with",
-            path.display()
-        )));
+        return Err(EvalError::Io {
+            action: "open the base model",
+            path,
+            purpose: " (--base)",
+            source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file"),
+            hint: "; give the GGUF (or checkpoint directory) the model is compared with",
+        });
     }
     let gguf = GgufFile::open(&path)?;
     let tok = Tokenizer::from_gguf(&gguf)?;
@@ -95,7 +98,7 @@ pub(super) fn load_models(
                 .all(|(a, b)| a.input == b.input && a.targets == b.targets))
     };
     if tok.fingerprint != setup.tok.fingerprint && !same_windows()? {
-        return Err(EvalError::Config(format!(
+        return Err(EvalError::Incompatible(format!(
             "{} and {} have different tokenizers ({} vs {} tokens; they cut this data into different ids): the comparison needs the same tokens; compare models of one family",
             path.display(),
             cfg.model.display(),
@@ -123,7 +126,7 @@ pub(super) fn load_models(
     let file = match file {
         Some((header, stored)) => {
             if header.binding.model_sha256 != side.sha256 {
-                return Err(EvalError::Config(format!(
+                return Err(EvalError::Incompatible(format!(
                     "{} was saved from a base with sha256 {}, but {} has {}: give the base it was saved from with --base",
                     stored.path.display(),
                     header.binding.model_sha256,
@@ -132,7 +135,7 @@ pub(super) fn load_models(
                 )));
             }
             if header.hidden != base_config.hidden_size {
-                return Err(EvalError::Config(format!(
+                return Err(EvalError::Incompatible(format!(
                     "{} stores rows of {} values but {} has a hidden size of {}",
                     stored.path.display(),
                     header.hidden,
@@ -147,7 +150,7 @@ pub(super) fn load_models(
     };
     let llama = Llama::load(&gguf, precision, &part, None, cpu)?;
     if llama.config.vocab_size != vocab {
-        return Err(EvalError::Config(format!(
+        return Err(EvalError::Incompatible(format!(
             "{} has a vocabulary of {} rows, {} of {vocab}",
             path.display(),
             llama.config.vocab_size,
@@ -179,7 +182,7 @@ fn check_stored_rows(
     });
     match short {
         None => Ok(()),
-        Some(i) => Err(EvalError::Config(format!(
+        Some(i) => Err(EvalError::Incompatible(format!(
             "{} holds {} rows for window {i} but this plan scores {} tokens there; save it again with --save-base",
             stored.path.display(),
             rows(i),

@@ -96,7 +96,7 @@ pub fn compare(cfg: &EvalConfig, opts: &CompareOptions) -> Result<CompareResults
     })?;
     outcomes
         .swap_remove(0)
-        .ok_or_else(|| EvalError::Config("rank 0 returned no comparison".into()))
+        .ok_or_else(|| EvalError::Internal("rank 0 returned no comparison".into()))
 }
 
 /// `ppl compare` on one rank of any backend (one MPI process each): every rank loads both
@@ -235,7 +235,7 @@ fn finish(
         .flat_map(|p| p.tokens.iter().copied())
         .collect();
     if all_tokens.is_empty() {
-        return Err(EvalError::Config("no scored token to compare".into()));
+        return Err(EvalError::Internal("no scored token to compare".into()));
     }
     let window_rows = parts
         .iter()

@@ -98,6 +98,12 @@ pub enum ModelError {
     Run(String),
     #[error("tensor computation failed: {0}")]
     Candle(Box<candle_core::Error>),
+    /// A collective of a split model's forward pass failed (a lost rank, a timeout, a
+    /// malformed message): the communicator's own error, so that the run reports it as it
+    /// reports any other communication failure (see `RunError`'s and `EvalError`'s
+    /// conversions from this type).
+    #[error(transparent)]
+    Comm(#[from] crate::comm::CommError),
     #[error("window {window} (text tokens from {start}): the model produced a non-finite NLL ({value}) at scored token {token}; its weights or activations overflowed, so no perplexity can be computed — check the model file (`ppl inspect`, or re-download it), or try --precision f32")]
     NonFinite {
         window: usize,

@@ -16,7 +16,6 @@
 //! the split).
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
 use std::time::Instant;
 
 use candle_core::Tensor;
@@ -83,8 +82,6 @@ pub struct Ring<'a> {
     positions: Vec<usize>,
     comm_dtype: CommDtype,
     meter: &'a RingMeter,
-    /// The first communication error, kept with its structure for the caller.
-    error: &'a Mutex<Option<CommError>>,
 }
 
 impl<'a> Ring<'a> {
@@ -93,7 +90,6 @@ impl<'a> Ring<'a> {
         layout: ChunkLayout,
         comm_dtype: CommDtype,
         meter: &'a RingMeter,
-        error: &'a Mutex<Option<CommError>>,
     ) -> Self {
         Self {
             positions: layout.positions(group.rank()),
@@ -101,17 +97,7 @@ impl<'a> Ring<'a> {
             layout,
             comm_dtype,
             meter,
-            error,
         }
-    }
-
-    fn fail(&self, e: CommError) -> ModelError {
-        let msg = e.to_string();
-        self.error
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get_or_insert(e);
-        ModelError::Run(msg)
     }
 
     fn timed<T>(&self, f: impl FnOnce() -> Result<T, CommError>) -> Result<T, ModelError> {
@@ -120,7 +106,7 @@ impl<'a> Ring<'a> {
         self.meter
             .nanos
             .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        out.map_err(|e| self.fail(e))
+        out.map_err(ModelError::Comm)
     }
 
     /// A block's keys then values, as `--comm-dtype`.
@@ -140,7 +126,7 @@ impl<'a> Ring<'a> {
         codec::decode(b, row, self.comm_dtype)
             .filter(|x| x.len() == len)
             .ok_or_else(|| {
-                self.fail(CommError::Protocol {
+                ModelError::Comm(CommError::Protocol {
                     from,
                     detail: format!("a key/value block of {} bytes for {len} values", b.len()),
                 })

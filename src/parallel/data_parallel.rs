@@ -97,9 +97,20 @@ pub enum RunError {
     #[error(transparent)]
     Comm(#[from] CommError),
     #[error(transparent)]
-    Model(#[from] ModelError),
+    Model(ModelError),
     #[error(transparent)]
     Ledger(#[from] LedgerError),
+}
+
+/// A communication failure inside the forward pass becomes [`RunError::Comm`] again, so that
+/// a lost rank reads the same whichever layer noticed it.
+impl From<ModelError> for RunError {
+    fn from(e: ModelError) -> Self {
+        match e {
+            ModelError::Comm(c) => RunError::Comm(c),
+            e => RunError::Model(e),
+        }
+    }
 }
 
 /// What a data-parallel run scores.
@@ -406,6 +417,20 @@ fn root<R: Record>(
     }))
 }
 
+/// Testing aid (PPL_DEBUG_STALL_RANK=R): rank R goes silent for three communication
+/// timeouts, as a hung or unplugged node would, so that the bounded wait and its message can
+/// be tested. Returns whether this rank did.
+pub(crate) fn stalled_for_testing(rank: usize) -> bool {
+    let stall = std::env::var("PPL_DEBUG_STALL_RANK")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        == Some(rank);
+    if stall {
+        std::thread::sleep(crate::comm::comm_timeout() * 3);
+    }
+    stall
+}
+
 fn worker<R: Record>(
     comm: &dyn Communicator,
     scorer: &mut dyn Scorer<Output = R>,
@@ -413,14 +438,7 @@ fn worker<R: Record>(
     clock: &mut Clock<'_>,
 ) -> Result<(), RunError> {
     let (windows, sched, batch_size) = (work.windows, work.schedule, work.batch_size);
-    // Testing aid (PPL_DEBUG_STALL_RANK=R): rank R goes silent, as a hung or unplugged node
-    // would, so that the bounded wait and its message can be tested.
-    if std::env::var("PPL_DEBUG_STALL_RANK")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        == Some(comm.rank())
-    {
-        std::thread::sleep(crate::comm::comm_timeout() * 3);
+    if stalled_for_testing(comm.rank()) {
         return Ok(());
     }
     match sched {

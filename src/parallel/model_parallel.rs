@@ -21,7 +21,6 @@
 //! and combines the vocabulary split's log-softmax in another order, so `tp > 1` agrees with
 //! `tp = 1` to about 1e-6 relative, not to the bit.
 
-use std::sync::Mutex;
 use std::time::Instant;
 
 use candle_core::{Device, Tensor};
@@ -82,8 +81,6 @@ pub struct StageRunner<'a> {
     stage_peers: Group<'a>,
     stage: usize,
     comm_dtype: CommDtype,
-    /// The first collective error inside the forward pass, kept with its structure.
-    comm_error: Mutex<Option<CommError>>,
     /// Micro-batches the leader sent down the pipeline whose records have not come back.
     in_flight: usize,
     pub figures: StageFigures,
@@ -118,7 +115,6 @@ impl<'a> StageRunner<'a> {
             model,
             windows,
             comm_dtype,
-            comm_error: Mutex::new(None),
             in_flight: 0,
             figures: StageFigures::default(),
             ring: RingMeter::default(),
@@ -172,6 +168,10 @@ impl<'a> StageRunner<'a> {
 
     /// A non-leader's life: run the steps it is handed until `Done`.
     pub fn follow(&mut self) -> Result<(), RunError> {
+        // PPL_DEBUG_STALL_RANK: its peers then wait inside the forward pass.
+        if super::data_parallel::stalled_for_testing(self.world.rank()) {
+            return Ok(());
+        }
         loop {
             let (step, x) = self.receive_step()?;
             let done = step == Step::Done;
@@ -307,8 +307,7 @@ impl<'a> StageRunner<'a> {
         };
         let batch: Vec<Window> = unit.iter().map(|&i| self.windows[i].clone()).collect();
         let layout = self.layout(&batch)?;
-        let ring =
-            layout.map(|l| Ring::new(&self.cp, l, self.comm_dtype, &self.ring, &self.comm_error));
+        let ring = layout.map(|l| Ring::new(&self.cp, l, self.comm_dtype, &self.ring));
         let ring = ring.as_ref().map(|r| r as &dyn ContextParallel);
         let x = match input {
             Some(x) => x,
@@ -383,7 +382,8 @@ impl<'a> StageRunner<'a> {
     }
 
     /// Runs a model function with this rank's collectives; a communication failure inside it
-    /// comes back as the original [`CommError`].
+    /// travels through the forward pass as [`ModelError::Comm`] and comes back as the
+    /// original [`CommError`] ([`RunError::Comm`]).
     fn model_call<T>(
         &self,
         f: impl FnOnce(&Collectives) -> Result<T, ModelError>,
@@ -397,14 +397,6 @@ impl<'a> StageRunner<'a> {
         ring: Option<&dyn ContextParallel>,
         f: impl FnOnce(&Collectives) -> Result<T, ModelError>,
     ) -> Result<T, RunError> {
-        let fail = |e: CommError| {
-            let msg = e.to_string();
-            self.comm_error
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .get_or_insert(e);
-            ModelError::Run(msg)
-        };
         let d = self.model.config.hidden_size;
         let reduce = |x: Tensor| -> Result<Tensor, ModelError> {
             #[cfg(feature = "nccl")]
@@ -413,30 +405,20 @@ impl<'a> StageRunner<'a> {
             }
             let dims = x.dims().to_vec();
             let v = x.flatten_all()?.to_vec1::<f32>()?;
-            let sum = self.tp_all_reduce(&v, d).map_err(fail)?;
+            let sum = self.tp_all_reduce(&v, d)?;
             Ok(Tensor::from_vec(sum, dims, x.device())?)
         };
         let gather = |piece: &[u8]| -> Result<Vec<Vec<u8>>, ModelError> {
             self.shard
                 .all_gather_direct(crate::comm::tag::GATHER_DIRECT, piece.to_vec())
-                .map_err(fail)
+                .map_err(ModelError::Comm)
         };
         let cc = Collectives {
             tp_all_reduce: (self.dims.tp > 1).then_some(&reduce as _),
             fsdp_all_gather: (self.dims.dp_shard > 1).then_some(&gather as _),
             context_parallel: ring,
         };
-        f(&cc).map_err(|e| {
-            match self
-                .comm_error
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .take()
-            {
-                Some(c) => RunError::Comm(c),
-                None => RunError::Model(e),
-            }
-        })
+        f(&cc).map_err(RunError::from)
     }
 }
 
@@ -604,3 +586,7 @@ fn split_message(from: usize, b: &[u8]) -> Result<(Step, Option<&[u8]>), CommErr
     let rest = &b[8 + len..];
     Ok((step, (!rest.is_empty()).then_some(rest)))
 }
+
+#[cfg(test)]
+#[path = "model_parallel_tests.rs"]
+mod tests;

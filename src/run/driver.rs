@@ -196,7 +196,7 @@ pub fn evaluate(cfg: &EvalConfig, opts: &RunOptions) -> Result<Results, EvalErro
     })?;
     let results = outcomes
         .swap_remove(0)
-        .ok_or_else(|| EvalError::Config("rank 0 returned no results".into()));
+        .ok_or_else(|| EvalError::Internal("rank 0 returned no results".into()));
     release_in_background((models, setups));
     results
 }

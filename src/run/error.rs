@@ -12,7 +12,7 @@ use crate::tokenize::TokenizeError;
 #[derive(Debug, thiserror::Error)]
 pub enum EvalError {
     #[error(transparent)]
-    Model(#[from] ModelError),
+    Model(ModelError),
     #[error(transparent)]
     Gguf(#[from] gguf::GgufError),
     #[error(transparent)]
@@ -37,6 +37,13 @@ pub enum EvalError {
         /// The fix, e.g. `; give a writable --run-dir` (may be empty).
         hint: &'static str,
     },
+    /// Two inputs that do not belong together (a base and a model with other tokens or
+    /// shapes, a saved base file and this run), with what differs and the fix.
+    #[error("{0}")]
+    Incompatible(String),
+    /// A state the drivers' own logic rules out (a bug), reported instead of a panic.
+    #[error("{0}")]
+    Internal(String),
     /// A rank panicked (a bug): reported with the rank instead of tearing the process down.
     #[error("{0}")]
     Panic(String),
@@ -59,11 +66,22 @@ pub enum EvalError {
     BaseFile(#[from] crate::eval::base_file::BaseFileError),
 }
 
+/// A communication failure inside the forward pass is an [`EvalError::Comm`], as it is
+/// outside it: [`first_error`] tells a rank's own failure from the echoes by that variant.
+impl From<ModelError> for EvalError {
+    fn from(e: ModelError) -> Self {
+        match e {
+            ModelError::Comm(c) => EvalError::Comm(c),
+            e => EvalError::Model(e),
+        }
+    }
+}
+
 impl From<RunError> for EvalError {
     fn from(e: RunError) -> Self {
         match e {
             RunError::Comm(c) => EvalError::Comm(c),
-            RunError::Model(m) => EvalError::Model(m),
+            RunError::Model(m) => EvalError::from(m),
             RunError::Ledger(l) => EvalError::Ledger(l),
         }
     }
