@@ -11,6 +11,7 @@
 //! ([`device`], cargo feature `cuda`).
 
 pub mod arch;
+pub mod block_tensors;
 pub mod device;
 pub mod fetch;
 pub mod finite;
