@@ -41,10 +41,7 @@ impl<T> BlockTensors<T> {
     /// projections of attention, then of the MLP, then the optional tensors. That order is
     /// written here only ([`Self::map`] and [`Self::into_vec`] follow it), and it is the
     /// order of a block's bytes stored as FSDP pieces.
-    pub fn try_map<U, E>(
-        self,
-        mut f: impl FnMut(T) -> Result<U, E>,
-    ) -> Result<BlockTensors<U>, E> {
+    pub fn try_map<U, E>(self, mut f: impl FnMut(T) -> Result<U, E>) -> Result<BlockTensors<U>, E> {
         // A struct expression evaluates its fields in the order written.
         Ok(BlockTensors {
             attn_norm: f(self.attn_norm)?,

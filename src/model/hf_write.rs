@@ -161,7 +161,9 @@ pub fn write(
     dtype: GgmlDType,
     shard_bytes: u64,
 ) -> Result<Written, WriteError> {
-    let tok = &tok.checkpoint_tokenizer().map_err(WriteError::Unsupported)?;
+    let tok = &tok
+        .checkpoint_tokenizer()
+        .map_err(WriteError::Unsupported)?;
     let (st_dtype, torch_dtype) = dtype_names(dtype)?;
     // `model-hf/` names the same directory as `model-hf`: without the trailing separator, so
     // the temporary directory beside it is not made inside it.

@@ -417,7 +417,11 @@ mod tests {
             (Arch::Mistral, with(&[])),
             (
                 Arch::Qwen2,
-                with(&["blk.1.attn_q.bias", "blk.1.attn_k.bias", "blk.1.attn_v.bias"]),
+                with(&[
+                    "blk.1.attn_q.bias",
+                    "blk.1.attn_k.bias",
+                    "blk.1.attn_v.bias",
+                ]),
             ),
             (
                 Arch::Qwen3,
@@ -455,7 +459,10 @@ mod tests {
         assert_eq!((s.wo.rows.clone(), s.wo.cols.clone()), (0..32, 16..32));
         assert_eq!(s.w_gate.rows, 24..48);
         assert_eq!(s.w_up.rows, 24..48);
-        assert_eq!((s.w_down.rows.clone(), s.w_down.cols.clone()), (0..32, 24..48));
+        assert_eq!(
+            (s.w_down.rows.clone(), s.w_down.cols.clone()),
+            (0..32, 24..48)
+        );
         let bias_rows = |b: &Option<TensorSpec>| b.as_ref().map(|b| b.rows.clone());
         assert_eq!(bias_rows(&s.bq), Some(16..32));
         assert_eq!(bias_rows(&s.bk), Some(8..16));

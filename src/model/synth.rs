@@ -397,13 +397,13 @@ impl<'a> Synth<'a> {
         out: &Path,
         progress: &mut dyn FnMut(usize, usize, &str),
     ) -> Result<Written, SynthError> {
-        let tok = self
-            .tokenizer
-            .checkpoint_tokenizer()
-            .map_err(|detail| SynthError::Tokenizer {
-                path: self.tokenizer.path().to_path_buf(),
-                detail,
-            })?;
+        let tok =
+            self.tokenizer
+                .checkpoint_tokenizer()
+                .map_err(|detail| SynthError::Tokenizer {
+                    path: self.tokenizer.path().to_path_buf(),
+                    detail,
+                })?;
         hf_stream::write_checkpoint(self, &tok, out, progress)
     }
 }
