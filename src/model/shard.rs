@@ -315,7 +315,8 @@ pub struct ShardEntry {
 /// and this rank's contiguous `1/N` piece of them. Gathering every rank's piece in order
 /// gives back the exact bytes.
 pub struct LayerShard {
-    pub entries: BlockTensors<ShardEntry>,
+    /// Boxed: a block's entries are large, and a rank's layers are mostly resident blocks.
+    pub entries: Box<BlockTensors<ShardEntry>>,
     pub total: usize,
     pub piece: Vec<u8>,
 }
@@ -323,12 +324,12 @@ pub struct LayerShard {
 impl LayerShard {
     /// Keeps piece `rank` of `parts` of the concatenated tensors.
     pub fn new(tensors: &BlockTensors<RawTensor<'_>>, rank: usize, parts: usize) -> Self {
-        let entries = tensors.as_ref().map(|t| ShardEntry {
+        let entries = Box::new(tensors.as_ref().map(|t| ShardEntry {
             name: t.name.clone(),
             dtype: t.dtype,
             shape: t.shape.clone(),
             len: t.bytes.len(),
-        });
+        }));
         let total = entries.iter().map(|e| e.len).sum();
         let range = split(total, parts, rank);
         let mut piece = Vec::with_capacity(range.len());
@@ -359,7 +360,7 @@ impl LayerShard {
             )));
         }
         let mut pos = 0;
-        Ok(self.entries.as_ref().map(|e| {
+        Ok(BlockTensors::as_ref(&self.entries).map(|e| {
             let t = RawTensor {
                 name: e.name.clone(),
                 dtype: e.dtype,
