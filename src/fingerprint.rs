@@ -2,7 +2,6 @@
 //! exact model file and text, and (in distributed runs) compared across ranks.
 
 use sha2::{Digest, Sha256};
-use std::io::Read;
 use std::path::Path;
 
 /// Hex SHA-256 of a file (or of a Hugging Face checkpoint directory: its JSON and safetensors
@@ -104,8 +103,10 @@ impl DiskMemo {
     }
 }
 
-/// Hex SHA-256 of a file, read in 1 MiB blocks (not mapped: hashing adds nothing to RSS);
-/// for a checkpoint directory, of its files' names and hashes.
+pub use crate::sha256::{hex, of_bytes as sha256_bytes};
+
+/// Hex SHA-256 of a file ([`crate::sha256::of_file`]); for a checkpoint directory, of its
+/// files' names and hashes.
 pub fn sha256_file(path: &Path) -> std::io::Result<String> {
     if path.is_dir() {
         let mut h = Sha256::new();
@@ -115,26 +116,7 @@ pub fn sha256_file(path: &Path) -> std::io::Result<String> {
         }
         return Ok(hex(&h.finalize()));
     }
-    let mut f = std::fs::File::open(path)?;
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = f.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-    }
-    Ok(hex(&h.finalize()))
-}
-
-/// Hex SHA-256 of bytes.
-pub fn sha256_bytes(bytes: &[u8]) -> String {
-    hex(&Sha256::digest(bytes))
-}
-
-pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    crate::sha256::of_file(path)
 }
 
 /// Peak resident set size of this process (`VmHWM`), where the OS reports it.

@@ -27,6 +27,7 @@ pub mod parallel;
 pub mod preflight;
 pub mod report;
 pub mod run;
+pub mod sha256;
 pub mod task;
 pub mod tokenize;
 

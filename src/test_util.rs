@@ -1,5 +1,7 @@
 //! Helpers shared by unit tests.
 
+use crate::model::{Arch, LlamaConfig};
+
 /// `n` reproducible pseudo-random values, uniform in `[-scale/2, scale/2)` (an LCG: the same
 /// values on every machine).
 pub fn uniform(seed: u64, n: usize, scale: f32) -> Vec<f32> {
@@ -63,4 +65,33 @@ pub fn tiny_llama(dir: &std::path::Path) -> crate::model::Llama {
         &candle_core::Device::Cpu,
     )
     .unwrap()
+}
+
+/// A small model of `arch` with every optional tensor its family has (and a Llama with an
+/// output bias).
+pub fn tiny_config(arch: Arch) -> LlamaConfig {
+    LlamaConfig {
+        arch,
+        vocab_size: 64,
+        hidden_size: 32,
+        intermediate_size: 48,
+        n_layers: 3,
+        n_heads: 4,
+        n_kv_heads: 2,
+        head_dim: 8,
+        context_length: 128,
+        rms_norm_eps: 1e-6,
+        rope_theta: 10000.0,
+        rope_dim: 8,
+        tied_embeddings: true,
+        rope_neox: arch.rope_neox(),
+        attn_bias: arch == Arch::Qwen2,
+        attn_output_bias: arch == Arch::Llama,
+        qk_norm: matches!(arch, Arch::Qwen3 | Arch::Gemma3),
+        sliding_window: None,
+        local_layers: Vec::new(),
+        rope_theta_local: 10000.0,
+        attention_scale: None,
+        norm_weight_plus_one: false,
+    }
 }

@@ -351,3 +351,39 @@ fn broken_checkpoints_are_named_with_the_fix() {
         .failure()
         .stderr(contains("no tokenizer.json"));
 }
+
+/// A block tensor the file lacks is an error naming the checkpoint and the tensor, whether
+/// the rank holds the whole block or a tensor-parallel or FSDP part of it (no panic).
+#[test]
+fn a_missing_block_tensor_is_named_with_its_checkpoint() {
+    let dir = fixture("gemma3");
+    for missing in [
+        "blk.1.attn_k.weight",
+        "blk.1.attn_k_norm.weight",
+        "blk.0.post_ffw_norm.weight",
+    ] {
+        let mut g = GgufFile::open(&dir).unwrap();
+        assert!(g.tensors.remove(missing).is_some(), "{missing}");
+        let n = ppl::model::LlamaConfig::from_gguf(&g).unwrap().n_layers;
+        let whole = Partition::full(n);
+        let parts = [
+            whole.clone(),
+            Partition {
+                fsdp_rank: 1,
+                fsdp: 2,
+                ..whole.clone()
+            },
+        ];
+        for part in parts {
+            let e = match Llama::from_gguf_part(&g, Precision::F32, &part) {
+                Ok(_) => panic!("{missing} removed, {part:?}: the model loaded"),
+                Err(e) => e.to_string(),
+            };
+            assert!(
+                e.contains(&dir.display().to_string())
+                    && e.contains(&format!("tensor '{missing}' is missing")),
+                "{missing}, {part:?}: {e}"
+            );
+        }
+    }
+}

@@ -202,7 +202,7 @@ fn download_into(
         path: dir.to_path_buf(),
         source,
     };
-    let found = crate::fingerprint::sha256_file(&partial).map_err(io)?;
+    let found = crate::sha256::of_file(&partial).map_err(io)?;
     if found != model.sha256 {
         return Err(FetchError::Checksum {
             path: partial,

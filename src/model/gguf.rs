@@ -256,13 +256,14 @@ impl RopePermute {
 }
 
 /// A parsed, memory-mapped GGUF file, or a Hugging Face checkpoint directory presented the
-/// same way (GGUF tensor names and metadata keys; see [`super::hf`]).
+/// same way (GGUF tensor names and metadata keys; [`GgufFile::open`], in [`super::file`],
+/// picks the reader).
 pub struct GgufFile {
     path: PathBuf,
     /// The mapped files: the GGUF file, or the checkpoint's safetensors shards.
     maps: Vec<std::sync::Arc<Mmap>>,
     /// For a Hugging Face checkpoint: its tokenizer files.
-    pub hf_tokenizer: Option<super::hf::HfTokenizerFiles>,
+    pub hf_tokenizer: Option<super::tokenizer_meta::HfTokenizerFiles>,
     pub version: u32,
     pub metadata: BTreeMap<String, Value>,
     pub tensors: BTreeMap<String, TensorInfo>,
@@ -399,30 +400,15 @@ const MAX_TENSORS: u64 = 1 << 20;
 const MAX_DIMS: u32 = 4;
 
 impl GgufFile {
-    /// Maps and parses `path`: a GGUF file, or a Hugging Face checkpoint directory
-    /// (`config.json`, safetensors). Tensor data is not touched until it is read.
-    pub fn open(path: &Path) -> Result<Self> {
-        let open_err = |source| GgufError::Open {
-            path: path.to_path_buf(),
-            source,
-        };
-        // A FIFO would block open() forever and a device reads without end: refused by
-        // their type, which stat tells without opening anything.
-        let kind = crate::preflight::special_file_kind(path);
-        if let Some(kind) = kind {
-            return Err(GgufError::NotAFile {
-                path: path.to_path_buf(),
-                kind,
-            });
-        }
-        let file = std::fs::File::open(path).map_err(open_err)?;
-        let meta = file.metadata().map_err(open_err)?;
-        if meta.is_dir() {
-            return super::hf::open_dir(path);
-        }
+    /// Maps and parses the GGUF file `file`, opened from `path` (a model path is opened by
+    /// [`GgufFile::open`], which also reads checkpoint directories).
+    pub(super) fn map_gguf(path: &Path, file: &std::fs::File) -> Result<Self> {
         // SAFETY: the map is read-only; ppl never writes the file while it is mapped. A file
         // changed by another process under us is outside what any mmap-based loader can guard.
-        let mmap = unsafe { Mmap::map(&file) }.map_err(open_err)?;
+        let mmap = unsafe { Mmap::map(file) }.map_err(|source| GgufError::Open {
+            path: path.to_path_buf(),
+            source,
+        })?;
         Self::parse(path, mmap)
     }
 
@@ -597,7 +583,7 @@ impl GgufFile {
         maps: Vec<Mmap>,
         metadata: BTreeMap<String, Value>,
         tensors: BTreeMap<String, TensorInfo>,
-        hf_tokenizer: Option<super::hf::HfTokenizerFiles>,
+        hf_tokenizer: Option<super::tokenizer_meta::HfTokenizerFiles>,
     ) -> Self {
         Self {
             path: path.to_path_buf(),

@@ -22,17 +22,9 @@ use serde_json::Value as Json;
 
 use super::arch::{Arch, SUPPORTED_MODEL_TYPES};
 use super::gguf::{GgufError, GgufFile, RopePermute, TensorInfo, Value};
+use super::tokenizer_meta::HfTokenizerFiles;
 
 type Result<T> = std::result::Result<T, GgufError>;
-
-/// The tokenizer files of a checkpoint directory.
-#[derive(Debug, Clone, PartialEq)]
-pub struct HfTokenizerFiles {
-    /// `tokenizer.json` (the `tokenizers` crate's format), if present.
-    pub tokenizer_json: Option<PathBuf>,
-    /// `tokenizer_config.json` (BOS/EOS and whether BOS is added), if present.
-    pub tokenizer_config: Option<PathBuf>,
-}
 
 /// The model files of a checkpoint directory that determine its results (for fingerprints).
 pub fn checkpoint_files(dir: &Path) -> std::io::Result<Vec<PathBuf>> {

@@ -19,8 +19,8 @@ use serde_json::{json, Value as Json};
 use super::arch::Arch;
 use super::gguf::GgufFile;
 use super::gguf_write::{WriteError, Written};
+use super::tokenizer_meta::{CheckpointTokenizer, ExportTokenizer};
 use super::LlamaConfig;
-use crate::tokenize::Tokenizer;
 
 /// The Hugging Face name of a GGUF tensor name (the inverse of the reader's mapping);
 /// `gemma`: Gemma 3's four norms per layer (`ppl synth` writes Gemma checkpoints).
@@ -82,7 +82,7 @@ fn dtype_names(dtype: GgmlDType) -> Result<(&'static str, &'static str), WriteEr
 }
 
 /// `config.json` for the model.
-fn config_json(c: &LlamaConfig, tok: &Tokenizer, torch_dtype: &str) -> Json {
+fn config_json(c: &LlamaConfig, tok: &CheckpointTokenizer, torch_dtype: &str) -> Json {
     let mut j = json!({
         "architectures": [c.arch.hf_class()],
         "model_type": c.arch.hf_model_type(),
@@ -156,11 +156,14 @@ fn write_safetensors(
 /// Writes the checkpoint directory `out` (which must not exist, or be empty).
 pub fn write(
     src: &GgufFile,
-    tok: &Tokenizer,
+    tok: &dyn ExportTokenizer,
     out: &Path,
     dtype: GgmlDType,
     shard_bytes: u64,
 ) -> Result<Written, WriteError> {
+    let tok = &tok
+        .checkpoint_tokenizer()
+        .map_err(WriteError::Unsupported)?;
     let (st_dtype, torch_dtype) = dtype_names(dtype)?;
     // `model-hf/` names the same directory as `model-hf`: without the trailing separator, so
     // the temporary directory beside it is not made inside it.
@@ -310,20 +313,11 @@ pub fn write(
             )?;
         }
         json_file("config.json", &config_json(&config, tok, torch_dtype))?;
-        match tok.hf_json() {
+        match &tok.tokenizer_json {
             Some(text) => {
                 let path = tmp.join("tokenizer.json");
                 std::fs::write(&path, text).map_err(io(&path))?;
-                let token = |id: Option<u32>| id.and_then(|i| tok.token_text(i));
-                json_file(
-                    "tokenizer_config.json",
-                    &json!({
-                        "tokenizer_class": "PreTrainedTokenizerFast",
-                        "add_bos_token": tok.add_bos,
-                        "bos_token": token(tok.bos_id),
-                        "eos_token": token(tok.eos_id),
-                    }),
-                )?;
+                json_file("tokenizer_config.json", &tok.tokenizer_config_json())?;
             }
             None => tracing::warn!(
                 "the {} tokenizer has no tokenizer.json form here: the checkpoint has no tokenizer",

@@ -11,8 +11,10 @@
 //! ([`device`], cargo feature `cuda`).
 
 pub mod arch;
+pub mod block_tensors;
 pub mod device;
 pub mod fetch;
+pub mod file;
 pub mod finite;
 pub mod gguf;
 pub mod gguf_write;
@@ -26,6 +28,7 @@ pub mod quantize;
 pub mod ring_attention;
 pub mod shard;
 pub mod synth;
+pub mod tokenizer_meta;
 
 pub use arch::Arch;
 pub use device::{DeviceError, DeviceSpec};

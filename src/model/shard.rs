@@ -14,6 +14,7 @@ use std::ops::Range;
 
 use candle_core::quantized::GgmlDType;
 
+use super::block_tensors::BlockTensors;
 use super::gguf::GgufFile;
 use super::{LlamaConfig, ModelError};
 
@@ -105,6 +106,8 @@ impl TensorSpec {
 
 /// A tensor's bytes as stored (quantized blocks intact), possibly a part of the file's tensor.
 pub struct RawTensor<'a> {
+    /// The GGUF name (for errors, and for the per-tensor choices of quantization at load).
+    pub name: String,
     pub dtype: GgmlDType,
     pub shape: Vec<usize>,
     pub bytes: Cow<'a, [u8]>,
@@ -116,6 +119,7 @@ pub struct RawTensor<'a> {
 impl RawTensor<'_> {
     pub fn into_owned(self) -> RawTensor<'static> {
         RawTensor {
+            name: self.name,
             dtype: self.dtype,
             shape: self.shape,
             bytes: Cow::Owned(self.bytes.into_owned()),
@@ -133,6 +137,7 @@ pub fn read<'g>(g: &'g GgufFile, spec: &TensorSpec) -> Result<RawTensor<'g>> {
             Cow::Owned(_) => None,
         };
         return Ok(RawTensor {
+            name: spec.name.clone(),
             dtype: info.dtype,
             shape: spec.shape.clone(),
             bytes,
@@ -157,6 +162,7 @@ pub fn read<'g>(g: &'g GgufFile, spec: &TensorSpec) -> Result<RawTensor<'g>> {
         out.extend_from_slice(&bytes[r * row_bytes + c0..r * row_bytes + c1]);
     }
     Ok(RawTensor {
+        name: spec.name.clone(),
         dtype: info.dtype,
         shape: spec.part_shape(),
         bytes: Cow::Owned(out),
@@ -206,13 +212,13 @@ pub fn check_tensor_parallel(
             )));
         }
     }
+    let whole = Partition::full(c.n_layers);
     for i in 0..c.n_layers {
-        for (name, width) in [
-            ("attn_output", c.n_heads * c.head_dim),
-            ("ffn_down", c.intermediate_size),
-        ] {
-            let name = format!("blk.{i}.{name}.weight");
-            let info = g.tensor_info(&name, "the model's architecture requires it")?;
+        let specs = block_specs(c, i, &whole);
+        // The row-parallel projections, cut along their input columns.
+        for spec in [&specs.wo, &specs.w_down] {
+            let (name, width) = (&spec.name, spec.shape[1]);
+            let info = g.tensor_info(name, "the model's architecture requires it")?;
             let bs = info.dtype.block_size();
             if let Some(q) = quantize {
                 let block = q.scheme.block(q.group_size);
@@ -236,8 +242,10 @@ pub fn check_tensor_parallel(
     Ok(())
 }
 
-/// The tensors of block `i` that a rank with partition `part` holds.
-pub fn block_specs(c: &LlamaConfig, i: usize, part: &Partition) -> Vec<TensorSpec> {
+/// The tensors of block `i` that a rank with partition `part` holds: the one description of
+/// a block's tensor set (GGUF names, full shapes, this rank's cut), read by loading and
+/// stored by FSDP alike.
+pub fn block_specs(c: &LlamaConfig, i: usize, part: &Partition) -> BlockTensors<TensorSpec> {
     let name = |n: &str| format!("blk.{i}.{n}.weight");
     let d = c.hidden_size;
     let q = c.n_heads * c.head_dim;
@@ -255,17 +263,6 @@ pub fn block_specs(c: &LlamaConfig, i: usize, part: &Partition) -> Vec<TensorSpe
         rows,
         cols,
     };
-    let mut specs = vec![
-        TensorSpec::whole(name("attn_norm"), &[d]),
-        spec("attn_q", [q, d], q_rows.clone(), 0..d),
-        spec("attn_k", [kv, d], kv_rows.clone(), 0..d),
-        spec("attn_v", [kv, d], kv_rows.clone(), 0..d),
-        spec("attn_output", [d, q], 0..d, q_rows.clone()),
-        TensorSpec::whole(name("ffn_norm"), &[d]),
-        spec("ffn_gate", [ff, d], ff_part.clone(), 0..d),
-        spec("ffn_up", [ff, d], ff_part.clone(), 0..d),
-        spec("ffn_down", [d, ff], 0..d, ff_part),
-    ];
     // Biases follow their projection's output rows; norms of a head are whole everywhere.
     let vector = |n: &str, len: usize, rows: Range<usize>| TensorSpec {
         name: format!("blk.{i}.{n}"),
@@ -273,57 +270,71 @@ pub fn block_specs(c: &LlamaConfig, i: usize, part: &Partition) -> Vec<TensorSpe
         rows,
         cols: 0..1,
     };
-    if c.attn_bias {
-        specs.push(vector("attn_q.bias", q, q_rows));
-        specs.push(vector("attn_k.bias", kv, kv_rows.clone()));
-        specs.push(vector("attn_v.bias", kv, kv_rows));
+    let gemma = c.arch.is_gemma();
+    BlockTensors {
+        attn_norm: TensorSpec::whole(name("attn_norm"), &[d]),
+        wq: spec("attn_q", [q, d], q_rows.clone(), 0..d),
+        wk: spec("attn_k", [kv, d], kv_rows.clone(), 0..d),
+        wv: spec("attn_v", [kv, d], kv_rows.clone(), 0..d),
+        wo: spec("attn_output", [d, q], 0..d, q_rows.clone()),
+        ffn_norm: TensorSpec::whole(name("ffn_norm"), &[d]),
+        w_gate: spec("ffn_gate", [ff, d], ff_part.clone(), 0..d),
+        w_up: spec("ffn_up", [ff, d], ff_part.clone(), 0..d),
+        w_down: spec("ffn_down", [d, ff], 0..d, ff_part),
+        bq: c
+            .attn_bias
+            .then(|| vector("attn_q.bias", q, q_rows.clone())),
+        bk: c
+            .attn_bias
+            .then(|| vector("attn_k.bias", kv, kv_rows.clone())),
+        bv: c.attn_bias.then(|| vector("attn_v.bias", kv, kv_rows)),
+        bo: c
+            .attn_output_bias
+            .then(|| vector("attn_output.bias", d, 0..d)),
+        q_norm: c
+            .qk_norm
+            .then(|| TensorSpec::whole(name("attn_q_norm"), &[hd])),
+        k_norm: c
+            .qk_norm
+            .then(|| TensorSpec::whole(name("attn_k_norm"), &[hd])),
+        post_attn_norm: gemma.then(|| TensorSpec::whole(name("post_attention_norm"), &[d])),
+        post_ffn_norm: gemma.then(|| TensorSpec::whole(name("post_ffw_norm"), &[d])),
     }
-    if c.attn_output_bias {
-        specs.push(vector("attn_output.bias", d, 0..d));
-    }
-    if c.qk_norm {
-        specs.push(TensorSpec::whole(name("attn_q_norm"), &[hd]));
-        specs.push(TensorSpec::whole(name("attn_k_norm"), &[hd]));
-    }
-    if c.arch.is_gemma() {
-        specs.push(TensorSpec::whole(name("post_attention_norm"), &[d]));
-        specs.push(TensorSpec::whole(name("post_ffw_norm"), &[d]));
-    }
-    specs
 }
 
 /// One tensor's place in a layer's concatenated bytes.
 #[derive(Debug, Clone)]
 pub struct ShardEntry {
+    pub name: String,
     pub dtype: GgmlDType,
     pub shape: Vec<usize>,
     pub len: usize,
 }
 
-/// A block stored FSDP-style: the tensors' bytes concatenated, and this rank's contiguous
-/// `1/N` piece of them. Gathering every rank's piece in order gives back the exact bytes.
+/// A block stored FSDP-style: the tensors' bytes concatenated (in [`BlockTensors`] order),
+/// and this rank's contiguous `1/N` piece of them. Gathering every rank's piece in order
+/// gives back the exact bytes.
 pub struct LayerShard {
-    pub entries: Vec<ShardEntry>,
+    /// Boxed: a block's entries are large, and a rank's layers are mostly resident blocks.
+    pub entries: Box<BlockTensors<ShardEntry>>,
     pub total: usize,
     pub piece: Vec<u8>,
 }
 
 impl LayerShard {
     /// Keeps piece `rank` of `parts` of the concatenated tensors.
-    pub fn new(tensors: &[RawTensor<'_>], rank: usize, parts: usize) -> Self {
-        let entries: Vec<ShardEntry> = tensors
-            .iter()
-            .map(|t| ShardEntry {
-                dtype: t.dtype,
-                shape: t.shape.clone(),
-                len: t.bytes.len(),
-            })
-            .collect();
+    pub fn new(tensors: &BlockTensors<RawTensor<'_>>, rank: usize, parts: usize) -> Self {
+        let entries = Box::new(tensors.as_ref().map(|t| ShardEntry {
+            name: t.name.clone(),
+            dtype: t.dtype,
+            shape: t.shape.clone(),
+            len: t.bytes.len(),
+        }));
         let total = entries.iter().map(|e| e.len).sum();
         let range = split(total, parts, rank);
         let mut piece = Vec::with_capacity(range.len());
         let mut pos = 0;
-        for t in tensors {
+        for t in tensors.iter() {
             let (a, b) = (pos, pos + t.bytes.len());
             let (lo, hi) = (range.start.max(a), range.end.min(b));
             if lo < hi {
@@ -338,8 +349,8 @@ impl LayerShard {
         }
     }
 
-    /// Splits the gathered bytes (every piece, in rank order) back into tensors.
-    pub fn unpack(&self, all: Vec<Vec<u8>>) -> Result<Vec<RawTensor<'static>>> {
+    /// Splits the gathered bytes (every piece, in rank order) back into the block's tensors.
+    pub fn unpack(&self, all: Vec<Vec<u8>>) -> Result<BlockTensors<RawTensor<'static>>> {
         let bytes: Vec<u8> = all.concat();
         if bytes.len() != self.total {
             return Err(ModelError::Run(format!(
@@ -348,24 +359,26 @@ impl LayerShard {
                 self.total
             )));
         }
-        let mut out = Vec::with_capacity(self.entries.len());
         let mut pos = 0;
-        for e in &self.entries {
-            out.push(RawTensor {
+        Ok(BlockTensors::as_ref(&self.entries).map(|e| {
+            let t = RawTensor {
+                name: e.name.clone(),
                 dtype: e.dtype,
                 shape: e.shape.clone(),
                 bytes: Cow::Owned(bytes[pos..pos + e.len].to_vec()),
                 mapped: None,
-            });
+            };
             pos += e.len;
-        }
-        Ok(out)
+            t
+        }))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::Arch;
+    use crate::test_util::tiny_config;
 
     #[test]
     fn split_covers_everything_once() {
@@ -382,27 +395,117 @@ mod tests {
         }
     }
 
+    fn names(specs: &BlockTensors<TensorSpec>) -> Vec<&str> {
+        specs.iter().map(|s| s.name.as_str()).collect()
+    }
+
+    #[test]
+    fn block_specs_list_each_family_s_tensors_in_the_canonical_order() {
+        let base = [
+            "blk.1.attn_norm.weight",
+            "blk.1.attn_q.weight",
+            "blk.1.attn_k.weight",
+            "blk.1.attn_v.weight",
+            "blk.1.attn_output.weight",
+            "blk.1.ffn_norm.weight",
+            "blk.1.ffn_gate.weight",
+            "blk.1.ffn_up.weight",
+            "blk.1.ffn_down.weight",
+        ];
+        let with = |extra: &[&'static str]| [&base[..], extra].concat();
+        for (arch, expected) in [
+            (Arch::Llama, with(&["blk.1.attn_output.bias"])),
+            (Arch::Mistral, with(&[])),
+            (
+                Arch::Qwen2,
+                with(&[
+                    "blk.1.attn_q.bias",
+                    "blk.1.attn_k.bias",
+                    "blk.1.attn_v.bias",
+                ]),
+            ),
+            (
+                Arch::Qwen3,
+                with(&["blk.1.attn_q_norm.weight", "blk.1.attn_k_norm.weight"]),
+            ),
+            (
+                Arch::Gemma3,
+                with(&[
+                    "blk.1.attn_q_norm.weight",
+                    "blk.1.attn_k_norm.weight",
+                    "blk.1.post_attention_norm.weight",
+                    "blk.1.post_ffw_norm.weight",
+                ]),
+            ),
+        ] {
+            let c = tiny_config(arch);
+            let specs = block_specs(&c, 1, &Partition::full(c.n_layers));
+            assert_eq!(names(&specs), expected, "{arch}");
+            assert!(specs.iter().all(|s| s.is_whole()), "{arch}");
+        }
+    }
+
+    #[test]
+    fn block_specs_cut_heads_and_channels_for_tensor_parallelism() {
+        let c = tiny_config(Arch::Qwen2);
+        let part = Partition {
+            tp_rank: 1,
+            tp: 2,
+            ..Partition::full(c.n_layers)
+        };
+        let s = block_specs(&c, 0, &part);
+        // Rank 1 of 2: heads 2..4 (rows 16..32), KV head 1 (rows 8..16), channels 24..48.
+        assert_eq!((s.wq.rows.clone(), s.wq.cols.clone()), (16..32, 0..32));
+        assert_eq!((s.wk.rows.clone(), s.wv.rows.clone()), (8..16, 8..16));
+        assert_eq!((s.wo.rows.clone(), s.wo.cols.clone()), (0..32, 16..32));
+        assert_eq!(s.w_gate.rows, 24..48);
+        assert_eq!(s.w_up.rows, 24..48);
+        assert_eq!(
+            (s.w_down.rows.clone(), s.w_down.cols.clone()),
+            (0..32, 24..48)
+        );
+        let bias_rows = |b: &Option<TensorSpec>| b.as_ref().map(|b| b.rows.clone());
+        assert_eq!(bias_rows(&s.bq), Some(16..32));
+        assert_eq!(bias_rows(&s.bk), Some(8..16));
+        assert_eq!(bias_rows(&s.bv), Some(8..16));
+        assert!(s.attn_norm.is_whole() && s.ffn_norm.is_whole());
+        assert_eq!(s.wo.part_shape(), vec![32, 16]);
+    }
+
     #[test]
     fn fsdp_pieces_reassemble_the_exact_bytes() {
-        let tensors: Vec<RawTensor<'static>> = [(7usize, 1u8), (20, 2), (3, 3)]
-            .iter()
-            .map(|&(n, v)| RawTensor {
+        let c = tiny_config(Arch::Gemma3);
+        let specs = block_specs(&c, 2, &Partition::full(c.n_layers));
+        let mut seed = 0u8;
+        let tensors = specs.map(|s| {
+            seed = seed.wrapping_add(1);
+            let n: usize = s.shape.iter().product();
+            RawTensor {
                 dtype: GgmlDType::F32,
-                shape: vec![n],
-                bytes: Cow::Owned((0..n * 4).map(|i| v.wrapping_mul(i as u8)).collect()),
+                shape: s.shape,
+                bytes: Cow::Owned((0..n * 4).map(|i| seed.wrapping_mul(i as u8)).collect()),
                 mapped: None,
-            })
-            .collect();
+                name: s.name,
+            }
+        });
         for parts in 1..6 {
             let shards: Vec<LayerShard> = (0..parts)
                 .map(|r| LayerShard::new(&tensors, r, parts))
                 .collect();
             let pieces: Vec<Vec<u8>> = shards.iter().map(|s| s.piece.clone()).collect();
             let back = shards[0].unpack(pieces).unwrap();
-            for (a, b) in tensors.iter().zip(&back) {
+            assert_eq!(back.iter().count(), 13);
+            assert!(back.bo.is_none() && back.bq.is_none());
+            let back_norm = back.post_ffn_norm.as_ref().unwrap();
+            assert_eq!(back_norm.name, "blk.2.post_ffw_norm.weight");
+            for (a, b) in tensors.iter().zip(back.iter()) {
+                assert_eq!(a.name, b.name);
                 assert_eq!(a.bytes, b.bytes);
                 assert_eq!(a.shape, b.shape);
             }
         }
+        let shard = LayerShard::new(&tensors, 0, 2);
+        let short = vec![shard.piece.clone()];
+        assert!(matches!(shard.unpack(short), Err(ModelError::Run(_))));
     }
 }

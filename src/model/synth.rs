@@ -28,7 +28,7 @@ use super::gguf::Value;
 use super::gguf_write::Written;
 use super::quantize::{ggml_type_for, Quantize, Scheme, Site};
 use super::GgufFile;
-use crate::tokenize::Tokenizer;
+use crate::model::tokenizer_meta::ExportTokenizer;
 
 /// Errors building or writing a synthetic model.
 #[derive(Debug, thiserror::Error)]
@@ -397,10 +397,13 @@ impl<'a> Synth<'a> {
         out: &Path,
         progress: &mut dyn FnMut(usize, usize, &str),
     ) -> Result<Written, SynthError> {
-        let tok = Tokenizer::from_gguf(self.tokenizer).map_err(|e| SynthError::Tokenizer {
-            path: self.tokenizer.path().to_path_buf(),
-            detail: e.to_string(),
-        })?;
+        let tok =
+            self.tokenizer
+                .checkpoint_tokenizer()
+                .map_err(|detail| SynthError::Tokenizer {
+                    path: self.tokenizer.path().to_path_buf(),
+                    detail,
+                })?;
         hf_stream::write_checkpoint(self, &tok, out, progress)
     }
 }

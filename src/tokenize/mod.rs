@@ -12,6 +12,7 @@
 //! As in llama.cpp, user-defined tokens (token type 4) are split out of the text before the
 //! model sees it, even though special (control) tokens are not parsed.
 
+mod export;
 mod spm;
 
 use rayon::prelude::*;
@@ -334,7 +335,7 @@ impl Tokenizer {
     /// for BOS when the post-processor does not add it).
     pub fn from_hf(
         dir: &std::path::Path,
-        files: &crate::model::hf::HfTokenizerFiles,
+        files: &crate::model::tokenizer_meta::HfTokenizerFiles,
     ) -> Result<Self> {
         let path = files.tokenizer_json.as_ref().ok_or_else(|| TokenizeError::Invalid {
             path: dir.to_path_buf(),

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use candle_core::quantized::QTensor;
 use candle_core::{DType, Device, Tensor};
 
+use crate::model::block_tensors::BlockTensors;
 use crate::model::gguf::GgufFile;
 use crate::model::kernels::{attention, math, OwnMatrix};
 use crate::model::quantize::{Quantize, Site};
@@ -356,12 +357,12 @@ pub(super) struct Block {
 }
 
 impl Block {
-    /// Builds block `i` from its tensors, in [`shard::block_specs`] order.
+    /// Builds block `i` from its tensors (as [`shard::block_specs`] describes them).
     pub(super) fn from_raw(
         c: &LlamaConfig,
         i: usize,
         part: &Partition,
-        tensors: &[RawTensor<'_>],
+        tensors: &BlockTensors<RawTensor<'_>>,
         compute: Compute<'_>,
         quant: Option<&Quantize>,
     ) -> Result<Self> {
@@ -370,58 +371,41 @@ impl Block {
             device,
             kernels,
         } = compute;
-        let specs = shard::block_specs(c, i, part);
-        let index = |short: &str| {
-            let name = format!("blk.{i}.{short}");
-            specs.iter().position(|s| s.name == name)
-        };
-        let at = |short: &str| index(short).expect("block_specs lists every tensor Block reads");
-        let lin = |short: &str| {
-            let k = at(short);
-            match quant {
-                Some(q) => {
-                    let site = Site {
-                        name: &specs[k].name,
-                        n_layers: c.n_layers,
-                        output: false,
-                    };
-                    Linear::quantized(&tensors[k], &site, precision, device, kernels, q)
-                }
-                None => Linear::from_raw(&tensors[k], &specs[k].name, precision, device, kernels),
+        let lin = |t: &RawTensor<'_>| match quant {
+            Some(q) => {
+                let site = Site {
+                    name: &t.name,
+                    n_layers: c.n_layers,
+                    output: false,
+                };
+                Linear::quantized(t, &site, precision, device, kernels, q)
             }
+            None => Linear::from_raw(t, &t.name, precision, device, kernels),
         };
-        let norm = |short: &str| {
-            let k = at(short);
-            RmsNorm::from_raw(&tensors[k], &specs[k].name, c, device)
-        };
-        let vector = |short: &str| -> Result<Option<Tensor>> {
-            match index(short) {
-                Some(k) => Ok(Some(
-                    qtensor(&tensors[k], &specs[k].name, device)?.dequantize(device)?,
-                )),
-                None => Ok(None),
-            }
-        };
-        let optional_norm = |short: &str| -> Result<Option<RmsNorm>> {
-            index(short).map(|_| norm(short)).transpose()
+        let norm = |t: &RawTensor<'_>| RmsNorm::from_raw(t, &t.name, c, device);
+        let optional_norm = |t: &Option<RawTensor<'_>>| t.as_ref().map(norm).transpose();
+        let vector = |t: &Option<RawTensor<'_>>| -> Result<Option<Tensor>> {
+            t.as_ref()
+                .map(|t| -> Result<Tensor> { Ok(qtensor(t, &t.name, device)?.dequantize(device)?) })
+                .transpose()
         };
         Ok(Self {
-            attn_norm: norm("attn_norm.weight")?,
+            attn_norm: norm(&tensors.attn_norm)?,
             attn: Attention {
-                wq: lin("attn_q.weight")?,
-                wk: lin("attn_k.weight")?,
-                wv: lin("attn_v.weight")?,
-                wo: lin("attn_output.weight")?,
-                bq: vector("attn_q.bias")?,
-                bk: vector("attn_k.bias")?,
-                bv: vector("attn_v.bias")?,
+                wq: lin(&tensors.wq)?,
+                wk: lin(&tensors.wk)?,
+                wv: lin(&tensors.wv)?,
+                wo: lin(&tensors.wo)?,
+                bq: vector(&tensors.bq)?,
+                bk: vector(&tensors.bk)?,
+                bv: vector(&tensors.bv)?,
                 bo: if part.tp_rank == 0 {
-                    vector("attn_output.bias")?
+                    vector(&tensors.bo)?
                 } else {
                     None
                 },
-                q_norm: optional_norm("attn_q_norm.weight")?,
-                k_norm: optional_norm("attn_k_norm.weight")?,
+                q_norm: optional_norm(&tensors.q_norm)?,
+                k_norm: optional_norm(&tensors.k_norm)?,
                 n_heads: part.tp_range(c.n_heads).len(),
                 n_kv_heads: part.tp_range(c.n_kv_heads).len(),
                 head_dim: c.head_dim,
@@ -430,16 +414,16 @@ impl Block {
                     .unwrap_or(1.0 / (c.head_dim as f64).sqrt()),
                 fused: kernels == Kernels::Own,
             },
-            post_attn_norm: optional_norm("post_attention_norm.weight")?,
-            ffn_norm: norm("ffn_norm.weight")?,
+            post_attn_norm: optional_norm(&tensors.post_attn_norm)?,
+            ffn_norm: norm(&tensors.ffn_norm)?,
             mlp: Mlp {
-                gate: lin("ffn_gate.weight")?,
-                up: lin("ffn_up.weight")?,
-                down: lin("ffn_down.weight")?,
+                gate: lin(&tensors.w_gate)?,
+                up: lin(&tensors.w_up)?,
+                down: lin(&tensors.w_down)?,
                 gelu: c.arch.is_gemma(),
                 fused: kernels == Kernels::Own,
             },
-            post_ffn_norm: optional_norm("post_ffw_norm.weight")?,
+            post_ffn_norm: optional_norm(&tensors.post_ffn_norm)?,
             local: c.is_local(i),
         })
     }

@@ -217,11 +217,7 @@ impl Llama {
             .layers
             .clone()
             .map(|i| {
-                let specs = shard::block_specs(&config, i, part);
-                let raws = specs
-                    .iter()
-                    .map(|s| shard::read(g, s))
-                    .collect::<Result<Vec<_>>>()?;
+                let raws = shard::block_specs(&config, i, part).try_map(|s| shard::read(g, &s))?;
                 let layer = if part.fsdp > 1 {
                     Layer::Sharded(LayerShard::new(&raws, part.fsdp_rank, part.fsdp))
                 } else {
@@ -238,8 +234,8 @@ impl Llama {
                         quantize.as_ref(),
                     )?))
                 };
-                for (s, raw) in specs.iter().zip(&raws) {
-                    release(g, raw, &s.name);
+                for raw in raws.iter() {
+                    release(g, raw, &raw.name);
                 }
                 Ok(layer)
             })

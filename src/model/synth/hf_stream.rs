@@ -17,7 +17,7 @@ use serde_json::{json, Value as Json};
 
 use super::{tensor_plan, Family, RowStream, RowValues, Shape, Synth, SynthError, TensorSpec};
 use crate::model::gguf_write::Written;
-use crate::tokenize::Tokenizer;
+use crate::model::tokenizer_meta::CheckpointTokenizer;
 
 /// The Hugging Face name of a GGUF tensor name of the plan.
 fn hf_name(gguf: &str, family: Family) -> Option<String> {
@@ -33,7 +33,7 @@ fn gguf_row(row: usize, head_dim: usize) -> usize {
 }
 
 /// `config.json` for the shape.
-fn config_json(shape: &Shape, tok: &Tokenizer) -> Json {
+fn config_json(shape: &Shape, tok: &CheckpointTokenizer) -> Json {
     let arch = shape.family.hf_arch();
     let (class, model_type) = (arch.hf_class(), arch.hf_model_type());
     let mut j = json!({
@@ -106,12 +106,12 @@ fn safetensors_header(tensors: &[(String, &TensorSpec)]) -> Result<Vec<u8>, Synt
 /// tokenizer is `tok`.
 pub fn write_checkpoint(
     synth: &Synth,
-    tok: &Tokenizer,
+    tok: &CheckpointTokenizer,
     out: &Path,
     progress: &mut dyn FnMut(usize, usize, &str),
 ) -> Result<Written, SynthError> {
     let shape = &synth.shape;
-    let tokenizer_json = tok.hf_json().ok_or_else(|| SynthError::Tokenizer {
+    let tokenizer_json = tok.tokenizer_json.as_ref().ok_or_else(|| SynthError::Tokenizer {
         path: synth.tokenizer.path().to_path_buf(),
         detail: format!(
             "its {} tokenizer has no tokenizer.json form here, and a checkpoint needs one; take the tokenizer from a BPE model (e.g. the SmolLM2 test model of `ppl fetch-model`)",
@@ -176,17 +176,8 @@ pub fn write_checkpoint(
         };
         json_file("config.json", &config_json(shape, tok))?;
         let tok_path = tmp.join("tokenizer.json");
-        std::fs::write(&tok_path, &tokenizer_json).map_err(io(&tok_path))?;
-        let token = |id: Option<u32>| id.and_then(|i| tok.token_text(i));
-        json_file(
-            "tokenizer_config.json",
-            &json!({
-                "tokenizer_class": "PreTrainedTokenizerFast",
-                "add_bos_token": tok.add_bos,
-                "bos_token": token(tok.bos_id),
-                "eos_token": token(tok.eos_id),
-            }),
-        )?;
+        std::fs::write(&tok_path, tokenizer_json).map_err(io(&tok_path))?;
+        json_file("tokenizer_config.json", &tok.tokenizer_config_json())?;
         if out.exists() {
             std::fs::remove_dir(out).map_err(io(out))?;
         }
