@@ -591,7 +591,7 @@ impl Rope {
         let (cos, sin) = match cp {
             Some(cp) => {
                 let positions = cp.positions();
-                let table = self.table(positions.iter().max().map_or(0, |&p| p as usize + 1))?;
+                let table = self.table(positions.iter().max().map_or(0, |&p| p + 1))?;
                 let ids: Vec<u32> = positions.iter().map(|&p| p as u32).collect();
                 let ids = Tensor::from_vec(ids, t, &self.device)?;
                 (
