@@ -10,6 +10,16 @@ fn smollm_tokenizer() -> Tokenizer {
     Tokenizer::from_gguf(&g).unwrap()
 }
 
+/// llama.cpp's ids of the whole of wiki.test.raw (the reference file).
+fn llama_cpp_wikitext_ids() -> Vec<u32> {
+    let path = common::shared().join("reference/smollm2-135m-q4_1.wiki.test.raw.ids");
+    std::fs::read_to_string(&path)
+        .unwrap()
+        .lines()
+        .map(|l| l.trim().parse().unwrap())
+        .collect()
+}
+
 #[test]
 fn short_texts_match_llama_cpp_ids() {
     let tok = smollm_tokenizer();
@@ -35,12 +45,7 @@ fn whole_wikitext_matches_llama_cpp_ids() {
     let tok = smollm_tokenizer();
     let text = std::fs::read_to_string(common::wikitext()).unwrap();
     let got = tok.encode(&text).unwrap();
-    let path = common::shared().join("reference/smollm2-135m-q4_1.wiki.test.raw.ids");
-    let want: Vec<u32> = std::fs::read_to_string(&path)
-        .unwrap()
-        .lines()
-        .map(|l| l.trim().parse().unwrap())
-        .collect();
+    let want = llama_cpp_wikitext_ids();
     assert_eq!(want.len(), 301_948);
     assert_eq!(got.len(), want.len());
     if let Some(i) = got.iter().zip(&want).position(|(a, b)| a != b) {
@@ -56,12 +61,7 @@ fn a_prefix_of_wikitext_is_a_prefix_of_llama_cpps_ids() {
     // `--chunks N` tokenizes only the beginning it needs: the ids must be the whole text's.
     let tok = smollm_tokenizer();
     let text = std::fs::read_to_string(common::wikitext()).unwrap();
-    let path = common::shared().join("reference/smollm2-135m-q4_1.wiki.test.raw.ids");
-    let want: Vec<u32> = std::fs::read_to_string(&path)
-        .unwrap()
-        .lines()
-        .map(|l| l.trim().parse().unwrap())
-        .collect();
+    let want = llama_cpp_wikitext_ids();
     for min in [1, 512, 1024, 4096, 70_000, 150_000] {
         let got = tok.encode_at_least(&text, min).unwrap();
         assert!(got.ids.len() >= min, "{min}: only {} ids", got.ids.len());
