@@ -63,7 +63,9 @@ fn a_silent_rank_inside_the_forward_pass_ends_the_run_in_bounded_time_and_is_nam
             .assert()
             .failure()
             .code(1)
-            .stderr(contains("no message from rank 1 within 2 s (rank 0 waited"))
+            // Whichever rank waited for it first reports it (under tp both others wait).
+            .stderr(contains("no message from rank 1 within 2 s (rank "))
+            .stderr(contains("(rank 1 waited").not())
             .stderr(contains("ppl validate --distributed"))
             .stderr(contains("panicked").not());
         assert!(

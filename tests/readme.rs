@@ -582,3 +582,33 @@ fn readme_lines_normalize_as_the_table_keys_them() {
         "echo '# not a comment'"
     );
 }
+
+#[test]
+fn every_test_file_is_in_exactly_one_of_the_quick_and_long_aliases() {
+    // `cargo test-quick` and `cargo test-long` (.cargo/config.toml) split the README's test
+    // command; a test file in neither would be run by CI but by neither half.
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let config = std::fs::read_to_string(root.join(".cargo/config.toml")).unwrap();
+    let alias = |name: &str| -> BTreeSet<String> {
+        let start = config.find(&format!("{name} = [")).unwrap();
+        let body = &config[start..start + config[start..].find(']').unwrap()];
+        let words: Vec<&str> = body.split('"').skip(1).step_by(2).collect();
+        words
+            .windows(2)
+            .filter(|w| w[0] == "--test")
+            .map(|w| w[1].to_string())
+            .collect()
+    };
+    let (quick, long) = (alias("test-quick"), alias("test-long"));
+    assert!(quick.len() > 10 && long.len() > 10, "{quick:?} {long:?}");
+    assert!(quick.is_disjoint(&long), "{:?}", quick.intersection(&long));
+    let files: BTreeSet<String> = std::fs::read_dir(root.join("tests"))
+        .unwrap()
+        .filter_map(|e| {
+            let name = e.unwrap().file_name().into_string().unwrap();
+            name.strip_suffix(".rs").map(str::to_string)
+        })
+        .collect();
+    let both: BTreeSet<String> = quick.union(&long).cloned().collect();
+    assert_eq!(both, files, "tests/*.rs against test-quick + test-long");
+}
