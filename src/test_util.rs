@@ -16,25 +16,10 @@ pub fn uniform(seed: u64, n: usize, scale: f32) -> Vec<f32> {
         .collect()
 }
 
-/// A two-layer Llama of random f32 weights (hidden 64, 4 heads, 2 KV heads, 100 tokens),
-/// written into `dir` by the synthesiser and loaded whole on the CPU.
-pub fn tiny_llama(dir: &std::path::Path) -> crate::model::Llama {
-    use crate::model::gguf::{tests::build_gguf, Value};
-    use crate::model::synth::{Family, Shape, Synth, WeightType};
-    let tokens = Value::Array((0..100).map(|i| Value::String(format!("t{i}"))).collect());
-    let tokenizer = dir.join("tokenizer.gguf");
-    let kv = [
-        ("general.architecture", Value::String("llama".into())),
-        ("tokenizer.ggml.model", Value::String("gpt2".into())),
-        ("tokenizer.ggml.tokens", tokens),
-    ];
-    std::fs::write(
-        &tokenizer,
-        build_gguf(&kv, &[("w", vec![2], vec![0.0, 1.0])]),
-    )
-    .unwrap();
-    let tokenizer = crate::model::GgufFile::open(&tokenizer).unwrap();
-    let shape = Shape {
+/// The shape of [`tiny_llama`]: two layers, hidden 64, 4 heads, 2 KV heads, 100 tokens.
+pub fn tiny_shape() -> crate::model::synth::Shape {
+    use crate::model::synth::{Family, Shape};
+    Shape {
         name: "custom".into(),
         family: Family::Llama,
         hidden: 64,
@@ -50,7 +35,28 @@ pub fn tiny_llama(dir: &std::path::Path) -> crate::model::Llama {
         qkv_bias: false,
         context_length: 256,
         sliding_window: None,
-    };
+    }
+}
+
+/// A two-layer Llama of random f32 weights (hidden 64, 4 heads, 2 KV heads, 100 tokens),
+/// written into `dir` by the synthesiser and loaded whole on the CPU.
+pub fn tiny_llama(dir: &std::path::Path) -> crate::model::Llama {
+    use crate::model::gguf::{tests::build_gguf, Value};
+    use crate::model::synth::{Synth, WeightType};
+    let tokens = Value::Array((0..100).map(|i| Value::String(format!("t{i}"))).collect());
+    let tokenizer = dir.join("tokenizer.gguf");
+    let kv = [
+        ("general.architecture", Value::String("llama".into())),
+        ("tokenizer.ggml.model", Value::String("gpt2".into())),
+        ("tokenizer.ggml.tokens", tokens),
+    ];
+    std::fs::write(
+        &tokenizer,
+        build_gguf(&kv, &[("w", vec![2], vec![0.0, 1.0])]),
+    )
+    .unwrap();
+    let tokenizer = crate::model::GgufFile::open(&tokenizer).unwrap();
+    let shape = tiny_shape();
     let model = dir.join("tiny.gguf");
     Synth::new(shape, WeightType::F32, 7, &tokenizer)
         .unwrap()

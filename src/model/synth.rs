@@ -582,23 +582,7 @@ mod tests {
     use super::*;
 
     fn tiny() -> Shape {
-        Shape {
-            name: "custom".into(),
-            family: Family::Llama,
-            hidden: 64,
-            layers: 2,
-            heads: 4,
-            kv_heads: 2,
-            head_dim: 16,
-            ffn: 128,
-            vocab: 100,
-            rope_theta: 10_000.0,
-            norm_eps: 1e-5,
-            tied: true,
-            qkv_bias: false,
-            context_length: 256,
-            sliding_window: None,
-        }
+        crate::test_util::tiny_shape()
     }
 
     #[test]
