@@ -51,7 +51,7 @@ fn naive(w: &Bf16Matrix, x: &[f32], m: usize) -> Vec<(f64, f64)> {
     out
 }
 
-const SHAPES: [(usize, usize, usize); 9] = [
+const SHAPES: [(usize, usize, usize); 11] = [
     (1, 1, 1),
     (3, 5, 7),
     (9, 13, 37),
@@ -61,6 +61,10 @@ const SHAPES: [(usize, usize, usize); 9] = [
     (5, 4, 16),
     (12, 49, 576),
     (2, 7, 1100),
+    // Enough panels that the threads split them (not the weight rows), more weight rows than
+    // one cache block, several K slices; the second with tail values.
+    (300, 203, 1040),
+    (131, 100, 1043),
 ];
 
 fn levels() -> Vec<Isa> {

@@ -217,6 +217,9 @@ pub(crate) fn accumulate_portable(job: &Job<'_>, acc: &mut [Lanes]) {
     for (c, acc_c) in acc.iter_mut().enumerate() {
         let w = &job.w[c * job.k..][..job.k];
         for r in 0..job.live {
+            if job.chunks.start == 0 {
+                acc_c[r * LANES..][..LANES].fill(0.0);
+            }
             for ch in job.chunks.clone() {
                 let x = &job.panel.chunks[(ch * PANEL + r) * LANES..][..LANES];
                 for l in 0..LANES {

@@ -52,7 +52,7 @@ fn definition(w: &[f32], x: &[f32]) -> f32 {
 
 /// Rows not a multiple of the panel (8), outputs not a multiple of any tile (3, 6, 12), k not
 /// a multiple of the lanes (8) nor of a K slice (512).
-const SHAPES: [(usize, usize, usize); 9] = [
+const SHAPES: [(usize, usize, usize); 11] = [
     (1, 1, 1),
     (3, 5, 7),
     (9, 13, 37),
@@ -62,6 +62,10 @@ const SHAPES: [(usize, usize, usize); 9] = [
     (5, 4, 8),
     (12, 49, 576),
     (19, 23, 1100),
+    // Enough panels that the threads split them (not the weight rows), more weight rows than
+    // one cache block, several K slices; the second with tail values.
+    (300, 203, 1040),
+    (131, 100, 1043),
 ];
 
 fn levels() -> Vec<Isa> {

@@ -22,9 +22,12 @@ pub(super) mod avx2 {
         let (k, w) = (job.k, job.w.as_ptr().add(c0 * job.k));
         let x = job.panel.chunks.as_ptr().add(h * ROWS * LANES);
         let mut sums = [[_mm256_setzero_ps(); C]; ROWS];
-        for (r, sums_r) in sums.iter_mut().enumerate() {
-            for (c, s) in sums_r.iter_mut().enumerate() {
-                *s = _mm256_loadu_ps(acc[c0 + c].as_ptr().add((h * ROWS + r) * LANES));
+        // A pass over the first chunks starts from zero (the driver leaves `acc` as it was).
+        if job.chunks.start > 0 {
+            for (r, sums_r) in sums.iter_mut().enumerate() {
+                for (c, s) in sums_r.iter_mut().enumerate() {
+                    *s = _mm256_loadu_ps(acc[c0 + c].as_ptr().add((h * ROWS + r) * LANES));
+                }
             }
         }
         for ch in job.chunks.clone() {
@@ -92,9 +95,12 @@ pub(super) mod avx512 {
         let (k, w) = (job.k, job.w.as_ptr().add(c0 * job.k));
         let x = job.panel.chunks.as_ptr();
         let mut sums = [[_mm512_setzero_ps(); C]; PAIRS];
-        for (q, sums_q) in sums.iter_mut().enumerate() {
-            for (c, s) in sums_q.iter_mut().enumerate() {
-                *s = _mm512_loadu_ps(acc[c0 + c].as_ptr().add(2 * q * LANES));
+        // A pass over the first chunks starts from zero (the driver leaves `acc` as it was).
+        if job.chunks.start > 0 {
+            for (q, sums_q) in sums.iter_mut().enumerate() {
+                for (c, s) in sums_q.iter_mut().enumerate() {
+                    *s = _mm512_loadu_ps(acc[c0 + c].as_ptr().add(2 * q * LANES));
+                }
             }
         }
         for ch in job.chunks.clone() {

@@ -217,6 +217,23 @@ pub(crate) fn reduce(lanes: &Lanes, isa: Isa) -> [f32; PANEL] {
     std::array::from_fn(|r| hsum8(lanes[r * LANES..][..LANES].try_into().expect("8 lanes")))
 }
 
+/// Panel row `r`'s sums of the lanes of the first eight weight rows of `acc`, each in
+/// ggml's `hsum_float_8` order: [`reduce`]'s sums, eight weight rows at a time, so that they
+/// are stored side by side in the output row.
+pub(crate) fn reduce_across(acc: &[Lanes], r: usize, isa: Isa) -> [f32; PANEL] {
+    assert!(acc.len() >= PANEL && r < PANEL);
+    #[cfg(target_arch = "x86_64")]
+    {
+        if isa >= Isa::Avx2 {
+            // SAFETY: AVX2 is present (`isa` is capped by detection); the lengths were
+            // checked above.
+            return unsafe { x86::avx2::reduce_across(acc, r) };
+        }
+    }
+    let _ = isa;
+    std::array::from_fn(|c| hsum8(acc[c][r * LANES..][..LANES].try_into().expect("8 lanes")))
+}
+
 /// Adds the job's chunks into `acc[c][r·8 + l]` (weight row `c`, panel row `r`, lane `l`) at
 /// level `isa`: every level performs the same fused multiply-adds in the same order.
 fn accumulate(job: &Job<'_>, isa: Isa, acc: &mut [Lanes]) {
@@ -244,6 +261,9 @@ pub(crate) fn accumulate_portable(job: &Job<'_>, acc: &mut [Lanes]) {
     for (c, acc_c) in acc.iter_mut().enumerate() {
         let w = &job.w[c * job.k..][..job.k];
         for r in 0..job.live {
+            if job.chunks.start == 0 {
+                acc_c[r * LANES..][..LANES].fill(0.0);
+            }
             for ch in job.chunks.clone() {
                 let x = &job.panel.chunks[(ch * PANEL + r) * LANES..][..LANES];
                 for l in 0..LANES {

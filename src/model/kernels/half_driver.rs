@@ -4,6 +4,7 @@
 //! arithmetic ([`PanelKernel`]); neither the split nor the blocking changes any output's
 //! order of operations, so results are the same bits for any thread count.
 
+use std::mem::MaybeUninit;
 use std::ops::Range;
 
 use rayon::prelude::*;
@@ -54,7 +55,9 @@ pub(crate) trait PanelKernel: Sync {
     /// Weight rows `rows`, back to back.
     fn rows(&self, rows: Range<usize>) -> &[Self::Weight];
     fn panel_count(panels: &Self::Panels) -> usize;
-    /// Adds the pass's chunks into `acc[c]` (weight row `c` of the pass) at level `isa`.
+    /// Adds the pass's chunks into `acc[c]` (weight row `c` of the pass) at level `isa`; a
+    /// pass whose chunks start at 0 starts its sums from zero, whatever `acc` holds (the
+    /// driver does not clear it between panels).
     fn accumulate(&self, pass: &Pass<'_, Self::Panels, Self::Weight>, isa: Isa, acc: &mut [Lanes]);
     /// The output of the pass's weight row `c` and panel row `r` from the sum of its lanes.
     fn finish(
@@ -69,10 +72,28 @@ pub(crate) trait PanelKernel: Sync {
 /// The `m` packed activation rows times the kernel's matrix transposed: `[m, n]`.
 pub(crate) fn matmul<K: PanelKernel>(kernel: &K, a: &K::Panels, m: usize, isa: Isa) -> Vec<f32> {
     let n = kernel.shape().0;
-    let mut out = vec![0f32; m * n];
     if m == 0 || n == 0 {
-        return out;
+        return vec![0f32; m * n];
     }
+    // Every output is written exactly once below (`block` writes each live row of each of
+    // its panels for each of its weight rows), so the buffer starts uninitialised: zeroing
+    // it first was a pass over up to 100 MB (the logits) per window.
+    let mut out = Vec::with_capacity(m * n);
+    fill(kernel, a, m, isa, &mut out.spare_capacity_mut()[..m * n]);
+    // SAFETY: `fill` initialised all `m · n` values.
+    unsafe { out.set_len(m * n) };
+    out
+}
+
+/// [`matmul`] into `out` (`m · n` values, every one written).
+fn fill<K: PanelKernel>(
+    kernel: &K,
+    a: &K::Panels,
+    m: usize,
+    isa: Isa,
+    out: &mut [MaybeUninit<f32>],
+) {
+    let n = kernel.shape().0;
     let panels = K::panel_count(a);
     let threads = rayon::current_num_threads().max(1);
     if panels >= PANELS_PER_THREAD * threads {
@@ -96,35 +117,53 @@ pub(crate) fn matmul<K: PanelKernel>(kernel: &K, a: &K::Panels, m: usize, isa: I
             .into_par_iter()
             .map(|j0| {
                 let cols = j0..(j0 + per_task).min(n);
-                let mut part = vec![0f32; m * cols.len()];
-                block(kernel, a, 0..panels, cols, isa, &mut part);
+                let len = m * cols.len();
+                let mut part = Vec::with_capacity(len);
+                block(
+                    kernel,
+                    a,
+                    0..panels,
+                    cols,
+                    isa,
+                    &mut part.spare_capacity_mut()[..len],
+                );
+                // SAFETY: `block` wrote every value of its `m` rows × `cols`.
+                unsafe { part.set_len(len) };
                 (j0, part)
             })
             .collect();
         for (j0, part) in parts {
             let w = part.len() / m;
             for (row, src) in part.chunks_exact(w).enumerate() {
-                out[row * n + j0..][..w].copy_from_slice(src);
+                write_all(&mut out[row * n + j0..][..w], src);
             }
         }
     }
-    out
+}
+
+/// `dst = src` (equal lengths).
+fn write_all(dst: &mut [MaybeUninit<f32>], src: &[f32]) {
+    assert_eq!(dst.len(), src.len());
+    for (d, &s) in dst.iter_mut().zip(src) {
+        d.write(s);
+    }
 }
 
 /// The outputs of panels `ps` × weight rows `cols` into `out` (row-major, `cols.len()` wide,
-/// starting at panel `ps.start`'s first row; rows past the activations absent).
+/// starting at panel `ps.start`'s first row; rows past the activations absent): every value
+/// of `out` is written.
 ///
 /// Blocking: a block of weight rows stays in L2 while each panel passes over it, and within a
 /// panel a slice of [`PanelKernel::K_SLICE`] values of its eight rows stays in L1 while every
 /// weight row of the block passes; the lane sums wait in `acc` between slices (the order of
-/// each lane's additions is unchanged).
+/// each lane's additions is unchanged; the first slice starts them from zero).
 fn block<K: PanelKernel>(
     kernel: &K,
     a: &K::Panels,
     ps: Range<usize>,
     cols: Range<usize>,
     isa: Isa,
-    out: &mut [f32],
+    out: &mut [MaybeUninit<f32>],
 ) {
     let k = kernel.shape().1;
     let (width, chunks) = (cols.len(), k / K::CHUNK);
@@ -137,6 +176,9 @@ fn block<K: PanelKernel>(
         / ROW_GROUP
         * ROW_GROUP;
     let mut acc = vec![[0f32; PANEL * LANES]; per_block.min(width)];
+    // Without tail values (`k` a multiple of the chunk, as in every real model) an output is
+    // its lane sum: no per-output call.
+    let tail = !k.is_multiple_of(K::CHUNK);
     for j0 in cols.clone().step_by(per_block) {
         let js = j0..(j0 + per_block).min(cols.end);
         let acc = &mut acc[..js.len()];
@@ -148,23 +190,27 @@ fn block<K: PanelKernel>(
                 chunks: 0..0,
                 live: PANEL.min(rows_here - i * PANEL),
             };
-            acc.iter_mut().for_each(|a| a.fill(0.0));
-            for c0 in (0..chunks).step_by(K::K_SLICE / K::CHUNK) {
+            for c0 in (0..chunks.max(1)).step_by(K::K_SLICE / K::CHUNK) {
                 pass.chunks = c0..(c0 + K::K_SLICE / K::CHUNK).min(chunks);
                 kernel.accumulate(&pass, isa, acc);
             }
-            // Without tail values (`k` a multiple of the chunk, as in every real model) an
-            // output is its lane sum: no per-output call.
-            let tail = !k.is_multiple_of(K::CHUNK);
-            for (c, lanes) in acc.iter().enumerate() {
-                let col = js.start + c - cols.start;
+            let out_row = |r: usize| (i * PANEL + r) * width + js.start - cols.start;
+            // Eight weight rows at a time: their sums are neighbours in each output row.
+            let grouped = if tail { 0 } else { acc.len() / PANEL * PANEL };
+            for c in (0..grouped).step_by(PANEL) {
+                for r in 0..pass.live {
+                    let sums = super::half::reduce_across(&acc[c..], r, isa);
+                    write_all(&mut out[out_row(r) + c..][..PANEL], &sums);
+                }
+            }
+            for (c, lanes) in acc.iter().enumerate().skip(grouped) {
                 let sums = super::half::reduce(lanes, isa);
                 for (r, &sum) in sums.iter().enumerate().take(pass.live) {
-                    out[(i * PANEL + r) * width + col] = if tail {
+                    out[out_row(r) + c].write(if tail {
                         kernel.finish(&pass, sum, c, r)
                     } else {
                         sum
-                    };
+                    });
                 }
             }
         }

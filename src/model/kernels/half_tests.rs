@@ -41,7 +41,7 @@ fn naive(w: &HalfMatrix, x: &[f32], m: usize) -> Vec<(f64, f64)> {
     out
 }
 
-const SHAPES: [(usize, usize, usize); 8] = [
+const SHAPES: [(usize, usize, usize); 10] = [
     (1, 1, 1),
     (3, 5, 7),
     (9, 13, 37),
@@ -50,6 +50,10 @@ const SHAPES: [(usize, usize, usize); 8] = [
     (33, 12, 129),
     (5, 4, 8),
     (12, 49, 576),
+    // Enough panels that the threads split them (not the weight rows), more weight rows than
+    // one cache block, several K slices; the second with tail values.
+    (300, 203, 1040),
+    (131, 100, 1043),
 ];
 
 fn levels() -> Vec<Isa> {

@@ -39,9 +39,12 @@ pub(super) mod avx2 {
         let (k, w) = (job.k, job.w.as_ptr().add(c0 * job.k));
         let x = job.panel.chunks.as_ptr().add(h * ROWS * LANES);
         let mut sums = [[_mm256_setzero_ps(); C]; ROWS];
-        for (r, sums_r) in sums.iter_mut().enumerate() {
-            for (c, s) in sums_r.iter_mut().enumerate() {
-                *s = _mm256_loadu_ps(acc[c0 + c].as_ptr().add((h * ROWS + r) * LANES));
+        // A pass over the first chunks starts from zero (the driver leaves `acc` as it was).
+        if job.chunks.start > 0 {
+            for (r, sums_r) in sums.iter_mut().enumerate() {
+                for (c, s) in sums_r.iter_mut().enumerate() {
+                    *s = _mm256_loadu_ps(acc[c0 + c].as_ptr().add((h * ROWS + r) * LANES));
+                }
             }
         }
         let mut wv = [_mm256_setzero_ps(); C];
@@ -98,6 +101,30 @@ pub(super) mod avx2 {
     pub(in super::super) unsafe fn reduce(lanes: &Lanes) -> [f32; PANEL] {
         let v: [__m256; PANEL] =
             std::array::from_fn(|r| _mm256_loadu_ps(lanes.as_ptr().add(r * LANES)));
+        let mut out = [0f32; PANEL];
+        _mm256_storeu_ps(out.as_mut_ptr(), hsum8_x8(v));
+        out
+    }
+
+    /// Panel row `r`'s sums of the lanes of eight weight rows (`acc[..8]`), each in the order
+    /// of [`reduce`]: the same additions, gathered across weight rows so that the eight sums
+    /// are neighbours in an output row.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2; `acc` holds at least eight entries and `r < PANEL`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(in super::super) unsafe fn reduce_across(acc: &[Lanes], r: usize) -> [f32; PANEL] {
+        let v: [__m256; PANEL] =
+            std::array::from_fn(|c| _mm256_loadu_ps(acc[c].as_ptr().add(r * LANES)));
+        let mut out = [0f32; PANEL];
+        _mm256_storeu_ps(out.as_mut_ptr(), hsum8_x8(v));
+        out
+    }
+
+    /// The eight vectors' sums of their lanes, in order, each as ggml's `hsum_float_8`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn hsum8_x8(v: [__m256; PANEL]) -> __m256 {
         // [a0+a4, a1+a5, a2+a6, a3+a7] of rows r and r+1 in the two 128-bit halves.
         let fold = |a: __m256, b: __m256| {
             _mm256_add_ps(
@@ -124,10 +151,7 @@ pub(super) mod avx2 {
             _mm256_shuffle_ps::<0x88>(s03, s47),
             _mm256_shuffle_ps::<0xDD>(s03, s47),
         );
-        let ordered = _mm256_permutevar8x32_ps(sums, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-        let mut out = [0f32; PANEL];
-        _mm256_storeu_ps(out.as_mut_ptr(), ordered);
-        out
+        _mm256_permutevar8x32_ps(sums, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
     }
 
     /// Eight values rounded to F16 or BF16 (nearest even; NaNs made quiet), as f32: the same
@@ -182,9 +206,12 @@ pub(super) mod avx512 {
         let (k, w) = (job.k, job.w.as_ptr().add(c0 * job.k));
         let x = job.panel.chunks.as_ptr();
         let mut sums = [[_mm512_setzero_ps(); C]; PAIRS];
-        for (q, sums_q) in sums.iter_mut().enumerate() {
-            for (c, s) in sums_q.iter_mut().enumerate() {
-                *s = _mm512_loadu_ps(acc[c0 + c].as_ptr().add(2 * q * LANES));
+        // A pass over the first chunks starts from zero (the driver leaves `acc` as it was).
+        if job.chunks.start > 0 {
+            for (q, sums_q) in sums.iter_mut().enumerate() {
+                for (c, s) in sums_q.iter_mut().enumerate() {
+                    *s = _mm512_loadu_ps(acc[c0 + c].as_ptr().add(2 * q * LANES));
+                }
             }
         }
         let mut wv = [_mm512_setzero_ps(); C];
