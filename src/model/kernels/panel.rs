@@ -162,16 +162,20 @@ pub fn drive(
     group: usize,
     kernel: impl Fn(usize, usize, &mut [[f32; PANEL]]) + Sync,
 ) -> Vec<f32> {
-    let mut out = vec![0f32; m * n];
     if m == 0 || n == 0 {
-        return out;
+        return vec![0f32; m * n];
     }
     let group = group.max(1);
     // One task per thread, each a contiguous run of panels, so that each task streams the
     // weights through its cache once per cache block rather than once per panel.
     let panels = m.div_ceil(PANEL);
     let per_task = panels.div_ceil(rayon::current_num_threads().max(1));
-    out.par_chunks_mut(per_task * PANEL * n)
+    // Every output is written exactly once below (each live row of each panel, for every
+    // weight row), so the buffer starts uninitialised: zeroing it first was a pass over up to
+    // 100 MB (the logits) per window.
+    let mut out = Vec::with_capacity(m * n);
+    out.spare_capacity_mut()[..m * n]
+        .par_chunks_mut(per_task * PANEL * n)
         .enumerate()
         .for_each(|(t, out)| {
             let rows = out.len() / n;
@@ -183,15 +187,18 @@ pub fn drive(
                     for j in js.clone().step_by(group) {
                         let res = &mut res[..group.min(js.end - j)];
                         kernel(t * per_task + p, j, res);
-                        for (c, res) in res.iter().enumerate() {
-                            for (r, v) in res.iter().enumerate().take(live) {
-                                out[(p * PANEL + r) * n + j + c] = *v;
+                        for r in 0..live {
+                            let row = &mut out[(p * PANEL + r) * n + j..][..res.len()];
+                            for (o, res) in row.iter_mut().zip(res.iter()) {
+                                o.write(res[r]);
                             }
                         }
                     }
                 }
             }
         });
+    // SAFETY: the loops above wrote all `m · n` values.
+    unsafe { out.set_len(m * n) };
     out
 }
 
