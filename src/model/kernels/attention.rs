@@ -23,6 +23,18 @@ const QUERY_BLOCK: usize = 32;
 const QUERY_GROUP: usize = 4;
 /// Keys per score vector; key columns are padded to a multiple of `2·KEY_LANES`.
 const KEY_LANES: usize = 8;
+/// Keys per tile of `Kᵀ`: a tile holds its keys' `d` rows of [`KEY_TILE`] values back to
+/// back (4 KiB for 64-value heads), so that a score kernel reads it as one stream. A
+/// row-major `Kᵀ` (`d` rows of `t` values) put the rows a power of two apart for power-of-two
+/// contexts: at t = 4096–8192 the 64 rows a kernel reads together fell into the same cache
+/// sets of L1 and L2, and long-context attention ran from L3 at a tenth of its speed.
+const KEY_TILE: usize = 2 * KEY_LANES;
+
+/// Where `Kᵀ[dd][j]` (value `dd` of key `j`) lies in the tiled layout of a head of size `d`.
+#[inline(always)]
+fn kt_index(d: usize, j: usize, dd: usize) -> usize {
+    ((j / KEY_TILE) * d + dd) * KEY_TILE + j % KEY_TILE
+}
 
 /// Shapes of one attention call: `batch` sequences of `t` positions, `heads` query heads
 /// sharing `kv_heads` key/value heads (grouped-query attention), `head_dim` values per head.
@@ -82,7 +94,8 @@ fn causal_attention_with(
     assert_eq!(k.len(), shape.kv_len(), "k shape");
     assert_eq!(v.len(), k.len(), "v shape");
     let window = window.unwrap_or(usize::MAX).max(1);
-    // K transposed per (sequence, kv head): `kt[dd·cols + j]`, zero-padded columns.
+    // K transposed per (sequence, kv head), in tiles of keys ([`kt_index`]), zero-padded
+    // to whole tiles.
     let cols = t.div_ceil(2 * KEY_LANES) * 2 * KEY_LANES;
     let mut kt = vec![0f32; batch * kv_heads * d * cols];
     kt.par_chunks_mut(d * cols)
@@ -90,7 +103,7 @@ fn causal_attention_with(
         .for_each(|(kt, k)| {
             for (j, row) in k.chunks_exact(d).enumerate() {
                 for (dd, &x) in row.iter().enumerate() {
-                    kt[dd * cols + j] = x;
+                    kt[kt_index(d, j, dd)] = x;
                 }
             }
         });
@@ -213,7 +226,7 @@ impl Head<'_> {
             for j in keys.clone() {
                 let mut s = 0f32;
                 for (dd, &qd) in q.iter().enumerate() {
-                    s = qd.mul_add(self.kt[dd * self.cols + j], s);
+                    s = qd.mul_add(self.kt[kt_index(self.d, j, dd)], s);
                 }
                 scores[r * self.cols + j] = s;
             }
@@ -333,7 +346,7 @@ fn weighted_values(isa: super::Isa, g: &ValueGroup<'_>, v: &[f32], out: &mut [f3
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{Head, ValueGroup, KEY_LANES, QUERY_GROUP};
+    use super::{kt_index, Head, ValueGroup, KEY_LANES, KEY_TILE, QUERY_GROUP};
     use std::arch::x86_64::*;
 
     /// Scores of up to four queries against 16 keys at a time: per head dimension one load
@@ -357,9 +370,10 @@ mod avx2 {
         let kt = h.kt.as_ptr();
         for j in keys.step_by(2 * KEY_LANES) {
             let mut acc = [[_mm256_setzero_ps(); 2]; QUERY_GROUP];
+            let tile = kt.add(kt_index(d, j, 0));
             for dd in 0..d {
-                let k0 = _mm256_loadu_ps(kt.add(dd * cols + j));
-                let k1 = _mm256_loadu_ps(kt.add(dd * cols + j + KEY_LANES));
+                let k0 = _mm256_loadu_ps(tile.add(dd * KEY_TILE));
+                let k1 = _mm256_loadu_ps(tile.add(dd * KEY_TILE + KEY_LANES));
                 for (r, acc_r) in acc.iter_mut().enumerate() {
                     let qv = _mm256_broadcast_ss(&*qrow[r].add(dd));
                     acc_r[0] = _mm256_fmadd_ps(qv, k0, acc_r[0]);
@@ -586,34 +600,41 @@ mod tests {
         assert_eq!(&all[n..2 * n], second.as_slice());
     }
 
-    /// Time of one Llama-3.2-1B layer's attention (32 heads, 8 KV heads, d 64, t 512) at the
-    /// process's level; compare with `PPL_ISA=avx2`:
+    /// Time of one Llama-3.2-1B layer's attention (32 heads, 8 KV heads, d 64, t 512 or
+    /// `PPL_BENCH_T`) at the process's level; compare with `PPL_ISA=avx2`:
     /// `cargo test --release --lib attention::tests::throughput -- --ignored --nocapture`.
     #[test]
     #[ignore]
     fn throughput() {
         let mut seed = 41;
+        let t = std::env::var("PPL_BENCH_T")
+            .ok()
+            .and_then(|t| t.parse().ok())
+            .unwrap_or(512);
         let s = AttentionShape {
             batch: 1,
             heads: 32,
             kv_heads: 8,
-            t: 512,
+            t,
             head_dim: 64,
         };
         let q: Vec<f32> = (0..s.q_len()).map(|_| lcg(&mut seed)).collect();
         let k: Vec<f32> = (0..s.kv_len()).map(|_| lcg(&mut seed)).collect();
         let v: Vec<f32> = (0..s.kv_len()).map(|_| lcg(&mut seed)).collect();
-        let best = (0..5)
+        let best = (0..3)
             .map(|_| {
                 let t = std::time::Instant::now();
                 std::hint::black_box(causal_attention(&q, &k, &v, s, 0.125, None));
                 t.elapsed().as_secs_f64()
             })
             .fold(f64::INFINITY, f64::min);
+        // Two multiply-adds (score, weighted value) per head, visible key and head value.
+        let flops = 4.0 * (s.heads * s.head_dim) as f64 * (t * (t + 1) / 2) as f64;
         println!(
-            "attention {s:?}, {} kernels: {:.2} ms",
+            "attention {s:?}, {} kernels: {:.2} ms, {:.1} GFLOP/s",
             super::super::isa().name(),
-            best * 1e3
+            best * 1e3,
+            flops / best / 1e9
         );
     }
 
@@ -625,9 +646,9 @@ mod tests {
         let cols = 48;
         let q: Vec<f32> = (0..t * d).map(|_| lcg(&mut seed)).collect();
         let mut kt = vec![0f32; d * cols];
-        for (j, x) in kt.iter_mut().enumerate() {
-            if j % cols < t {
-                *x = lcg(&mut seed);
+        for dd in 0..d {
+            for j in 0..t {
+                kt[kt_index(d, j, dd)] = lcg(&mut seed);
             }
         }
         let (mut s1, mut s2) = (

@@ -217,21 +217,38 @@ pub(crate) fn reduce(lanes: &Lanes, isa: Isa) -> [f32; PANEL] {
     std::array::from_fn(|r| hsum8(lanes[r * LANES..][..LANES].try_into().expect("8 lanes")))
 }
 
-/// Panel row `r`'s sums of the lanes of the first eight weight rows of `acc`, each in
-/// ggml's `hsum_float_8` order: [`reduce`]'s sums, eight weight rows at a time, so that they
-/// are stored side by side in the output row.
-pub(crate) fn reduce_across(acc: &[Lanes], r: usize, isa: Isa) -> [f32; PANEL] {
-    assert!(acc.len() >= PANEL && r < PANEL);
+/// Where [`write_sums`] puts its outputs: weight row `c`'s output for panel row `r` is
+/// `out[first + r · stride + c]`.
+pub(crate) struct SumsOut<'a> {
+    pub out: &'a mut [std::mem::MaybeUninit<f32>],
+    pub first: usize,
+    pub stride: usize,
+}
+
+/// Every weight row's sums of lanes (`acc[c]`) for the first `live` panel rows, each in
+/// ggml's `hsum_float_8` order ([`reduce`]'s sums), written to `dst`.
+pub(crate) fn write_sums(acc: &[Lanes], live: usize, dst: SumsOut<'_>, isa: Isa) {
+    assert!(live <= PANEL);
+    if let Some(c) = acc.len().checked_sub(1) {
+        if live > 0 {
+            assert!(dst.first + (live - 1) * dst.stride + c < dst.out.len());
+        }
+    }
     #[cfg(target_arch = "x86_64")]
     {
         if isa >= Isa::Avx2 {
-            // SAFETY: AVX2 is present (`isa` is capped by detection); the lengths were
+            // SAFETY: AVX2 is present (`isa` is capped by detection); the bounds were
             // checked above.
-            return unsafe { x86::avx2::reduce_across(acc, r) };
+            return unsafe { x86::avx2::write_sums(acc, live, dst) };
         }
     }
     let _ = isa;
-    std::array::from_fn(|c| hsum8(acc[c][r * LANES..][..LANES].try_into().expect("8 lanes")))
+    for (c, lanes) in acc.iter().enumerate() {
+        for r in 0..live {
+            let sum = hsum8(lanes[r * LANES..][..LANES].try_into().expect("8 lanes"));
+            dst.out[dst.first + r * dst.stride + c].write(sum);
+        }
+    }
 }
 
 /// Adds the job's chunks into `acc[c][r·8 + l]` (weight row `c`, panel row `r`, lane `l`) at

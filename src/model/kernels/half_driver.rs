@@ -9,6 +9,7 @@ use std::ops::Range;
 
 use rayon::prelude::*;
 
+use super::half::{write_sums, SumsOut};
 use super::Isa;
 
 /// Activation rows per panel (one micro-kernel pass over a weight row yields this many).
@@ -194,23 +195,20 @@ fn block<K: PanelKernel>(
                 pass.chunks = c0..(c0 + K::K_SLICE / K::CHUNK).min(chunks);
                 kernel.accumulate(&pass, isa, acc);
             }
-            let out_row = |r: usize| (i * PANEL + r) * width + js.start - cols.start;
-            // Eight weight rows at a time: their sums are neighbours in each output row.
-            let grouped = if tail { 0 } else { acc.len() / PANEL * PANEL };
-            for c in (0..grouped).step_by(PANEL) {
-                for r in 0..pass.live {
-                    let sums = super::half::reduce_across(&acc[c..], r, isa);
-                    write_all(&mut out[out_row(r) + c..][..PANEL], &sums);
-                }
+            let first = i * PANEL * width + js.start - cols.start;
+            if !tail {
+                let dst = SumsOut {
+                    out: &mut *out,
+                    first,
+                    stride: width,
+                };
+                write_sums(acc, pass.live, dst, isa);
+                continue;
             }
-            for (c, lanes) in acc.iter().enumerate().skip(grouped) {
+            for (c, lanes) in acc.iter().enumerate() {
                 let sums = super::half::reduce(lanes, isa);
                 for (r, &sum) in sums.iter().enumerate().take(pass.live) {
-                    out[out_row(r) + c].write(if tail {
-                        kernel.finish(&pass, sum, c, r)
-                    } else {
-                        sum
-                    });
+                    out[first + r * width + c].write(kernel.finish(&pass, sum, c, r));
                 }
             }
         }

@@ -9,6 +9,7 @@ use super::{Job, LANES, PANEL};
 type Lanes = [f32; PANEL * LANES];
 
 pub(super) mod avx2 {
+    use super::super::SumsOut;
     use super::{Job, Lanes, LANES, PANEL};
     use std::arch::x86_64::*;
 
@@ -106,19 +107,29 @@ pub(super) mod avx2 {
         out
     }
 
-    /// Panel row `r`'s sums of the lanes of eight weight rows (`acc[..8]`), each in the order
-    /// of [`reduce`]: the same additions, gathered across weight rows so that the eight sums
-    /// are neighbours in an output row.
+    /// [`super::super::write_sums`]: eight weight rows at a time, their sums gathered across
+    /// weight rows (the same additions as [`reduce`]) so that the eight outputs are
+    /// neighbours in an output row; the last `acc.len() mod 8` rows by [`reduce`].
     ///
     /// # Safety
-    /// The CPU must support AVX2; `acc` holds at least eight entries and `r < PANEL`.
+    /// The CPU must support AVX2; `dst` holds every output (checked by the caller).
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(in super::super) unsafe fn reduce_across(acc: &[Lanes], r: usize) -> [f32; PANEL] {
-        let v: [__m256; PANEL] =
-            std::array::from_fn(|c| _mm256_loadu_ps(acc[c].as_ptr().add(r * LANES)));
-        let mut out = [0f32; PANEL];
-        _mm256_storeu_ps(out.as_mut_ptr(), hsum8_x8(v));
-        out
+    pub(in super::super) unsafe fn write_sums(acc: &[Lanes], live: usize, dst: SumsOut<'_>) {
+        let out = dst.out.as_mut_ptr() as *mut f32;
+        let grouped = acc.len() / PANEL * PANEL;
+        for c in (0..grouped).step_by(PANEL) {
+            for r in 0..live {
+                let v: [__m256; PANEL] =
+                    std::array::from_fn(|i| _mm256_loadu_ps(acc[c + i].as_ptr().add(r * LANES)));
+                _mm256_storeu_ps(out.add(dst.first + r * dst.stride + c), hsum8_x8(v));
+            }
+        }
+        for (c, lanes) in acc.iter().enumerate().skip(grouped) {
+            let sums = reduce(lanes);
+            for (r, &sum) in sums.iter().enumerate().take(live) {
+                *out.add(dst.first + r * dst.stride + c) = sum;
+            }
+        }
     }
 
     /// The eight vectors' sums of their lanes, in order, each as ggml's `hsum_float_8`.

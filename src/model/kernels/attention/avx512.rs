@@ -2,7 +2,7 @@
 //! sum of values over a whole query group, each output element computed by the same chain of
 //! operations as the portable definition.
 
-use super::{Head, ValueGroup, KEY_LANES, QUERY_GROUP};
+use super::{kt_index, Head, ValueGroup, KEY_LANES, KEY_TILE, QUERY_GROUP};
 use std::arch::x86_64::*;
 
 /// The AVX2 `scores` on 16-key zmm vectors: each score is still its own FMA chain over
@@ -90,11 +90,13 @@ unsafe fn key_block<const V: usize>(
     j: usize,
     scores: &mut [f32],
 ) {
-    let (d, cols, kt) = (h.d, h.cols, h.kt.as_ptr());
+    let (d, cols) = (h.d, h.cols);
+    // Tile `v` holds keys `j + 16·v ..` (16 = KEY_TILE: one vector per row of a tile).
+    let tiles: [*const f32; V] =
+        std::array::from_fn(|v| h.kt.as_ptr().add(kt_index(d, j + KEY_TILE * v, 0)));
     let mut acc = [[_mm512_setzero_ps(); V]; QUERY_GROUP];
     for dd in 0..d {
-        let k: [__m512; V] =
-            std::array::from_fn(|v| _mm512_loadu_ps(kt.add(dd * cols + j + 16 * v)));
+        let k: [__m512; V] = std::array::from_fn(|v| _mm512_loadu_ps(tiles[v].add(dd * KEY_TILE)));
         for (r, acc_r) in acc.iter_mut().enumerate() {
             let qv = _mm512_set1_ps(*qrow[r].add(dd));
             for (a, kv) in acc_r.iter_mut().zip(&k) {
