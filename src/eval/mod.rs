@@ -22,6 +22,7 @@ pub use accumulator::NllAccumulator;
 pub use record::Record;
 
 use crate::data::Window;
+use crate::model::llama::with_f32;
 use crate::model::{Llama, ModelError};
 
 /// How many rows of logits exist at once (defined beside the planner that budgets them).
@@ -95,8 +96,9 @@ pub fn nlls(model: &Llama, rows: &Tensor, targets: &[u32]) -> Result<Vec<f64>, M
         let logits = model.logits(&rows.narrow(0, r, n)?)?;
         let targets = &targets[r..r + n];
         if on_host {
-            let logits = logits.flatten_all()?.to_vec1::<f32>()?;
-            nlls.extend(nll::nll_rows(&logits, vocab, targets));
+            // Read in place: a copy would hold the block's logits twice (33 MB for Llama 3's
+            // vocabulary).
+            nlls.extend(with_f32(&logits, |l| nll::nll_rows(l, vocab, targets))?);
         } else {
             nlls.extend(nll::nll_rows_on_device(
                 &logits.reshape((n, vocab))?,
@@ -121,13 +123,14 @@ pub fn partial_rows(
     while r < targets.len() {
         let n = LOGIT_ROWS.min(targets.len() - r);
         let logits = model.logits(&rows.narrow(0, r, n)?)?;
-        let logits = logits.flatten_all()?.to_vec1::<f32>()?;
-        out.par_extend(
-            logits
-                .par_chunks(cols.len())
-                .zip(targets[r..r + n].par_iter())
-                .map(|(row, &t)| nll::partial_row(row, cols.start, t)),
-        );
+        with_f32(&logits, |logits| {
+            out.par_extend(
+                logits
+                    .par_chunks(cols.len())
+                    .zip(targets[r..r + n].par_iter())
+                    .map(|(row, &t)| nll::partial_row(row, cols.start, t)),
+            )
+        })?;
         r += n;
     }
     Ok(out)

@@ -71,31 +71,41 @@ pub fn silu_mul(gate: &[f32], up: &[f32]) -> Vec<f32> {
 
 /// [`silu_mul`] at level `isa`, lowered to what this process may use.
 pub(crate) fn silu_mul_with(isa: super::Isa, gate: &[f32], up: &[f32]) -> Vec<f32> {
+    let mut h = gate.to_vec();
+    silu_mul_in_place_with(isa, &mut h, up);
+    h
+}
+
+/// [`silu_mul`] written over the gate (the MLP then holds one activation buffer fewer).
+pub fn silu_mul_in_place(gate: &mut [f32], up: &[f32]) {
+    silu_mul_in_place_with(super::isa(), gate, up)
+}
+
+/// [`silu_mul_in_place`] at level `isa`, lowered to what this process may use.
+fn silu_mul_in_place_with(isa: super::Isa, gate: &mut [f32], up: &[f32]) {
     assert_eq!(gate.len(), up.len(), "gate/up shapes");
     let isa = isa.min(super::isa());
-    let mut h = vec![0f32; gate.len()];
     const CHUNK: usize = 1 << 14;
-    h.par_chunks_mut(CHUNK)
-        .zip(gate.par_chunks(CHUNK).zip(up.par_chunks(CHUNK)))
-        .for_each(|(h, (gate, up))| {
+    gate.par_chunks_mut(CHUNK)
+        .zip(up.par_chunks(CHUNK))
+        .for_each(|(gate, up)| {
             #[cfg(target_arch = "x86_64")]
             {
                 match isa {
                     // SAFETY: AVX-512F was detected and seen to execute; equal lengths.
                     super::Isa::Avx512 | super::Isa::Avx512Bf16 => {
-                        return unsafe { avx512::silu_mul(gate, up, h) }
+                        return unsafe { avx512::silu_mul(gate, up) }
                     }
                     // SAFETY: AVX2 and FMA were detected and seen to execute; equal lengths.
-                    super::Isa::Avx2 => return unsafe { avx2::silu_mul(gate, up, h) },
+                    super::Isa::Avx2 => return unsafe { avx2::silu_mul(gate, up) },
                     super::Isa::Portable => {}
                 }
             }
             let _ = isa;
-            for ((h, &g), &u) in h.iter_mut().zip(gate).zip(up) {
-                *h = silu_mul_one(g, u);
+            for (g, &u) in gate.iter_mut().zip(up) {
+                *g = silu_mul_one(*g, u);
             }
         });
-    h
 }
 
 /// Elements per parallel task of the elementwise operations below.
@@ -176,8 +186,8 @@ mod avx2 {
     }
 
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn silu_mul(gate: &[f32], up: &[f32], h: &mut [f32]) {
-        assert!(gate.len() == up.len() && h.len() == gate.len());
+    pub(super) unsafe fn silu_mul(gate: &mut [f32], up: &[f32]) {
+        assert!(gate.len() == up.len());
         let n8 = gate.len() / 8 * 8;
         let one = _mm256_set1_ps(1.0);
         let sign = _mm256_set1_ps(-0.0);
@@ -186,10 +196,10 @@ mod avx2 {
             let u = _mm256_loadu_ps(up.as_ptr().add(i));
             let e = exp8(_mm256_xor_ps(g, sign));
             let y = _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), u);
-            _mm256_storeu_ps(h.as_mut_ptr().add(i), y);
+            _mm256_storeu_ps(gate.as_mut_ptr().add(i), y);
         }
         for i in n8..gate.len() {
-            h[i] = super::silu_mul_one(gate[i], up[i]);
+            gate[i] = super::silu_mul_one(gate[i], up[i]);
         }
     }
 }
@@ -238,8 +248,8 @@ mod avx512 {
     }
 
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn silu_mul(gate: &[f32], up: &[f32], h: &mut [f32]) {
-        assert!(gate.len() == up.len() && h.len() == gate.len());
+    pub(super) unsafe fn silu_mul(gate: &mut [f32], up: &[f32]) {
+        assert!(gate.len() == up.len());
         let n16 = gate.len() / 16 * 16;
         let one = _mm512_set1_ps(1.0);
         for i in (0..n16).step_by(16) {
@@ -251,10 +261,10 @@ mod avx512 {
             ));
             let e = exp16(minus_g);
             let y = _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(one, e)), u);
-            _mm512_storeu_ps(h.as_mut_ptr().add(i), y);
+            _mm512_storeu_ps(gate.as_mut_ptr().add(i), y);
         }
         for i in n16..gate.len() {
-            h[i] = super::silu_mul_one(gate[i], up[i]);
+            gate[i] = super::silu_mul_one(gate[i], up[i]);
         }
     }
 }

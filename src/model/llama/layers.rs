@@ -321,6 +321,11 @@ pub(super) struct Mlp {
 
 impl Mlp {
     pub(super) fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        if !self.gelu && self.fused {
+            if let Some(h) = self.own_silu_mul(x)? {
+                return self.down.forward(&h);
+            }
+        }
         let gate = self.gate.forward(x)?;
         let up = self.up.forward(x)?;
         let on_host_f32 = gate.dtype() == DType::F32
@@ -341,6 +346,30 @@ impl Mlp {
             (gate.silu()? * up)?
         };
         self.down.forward(&h)
+    }
+
+    /// `silu(gate)·up` when both are our kernels: the product written over the gate's
+    /// values, so that the MLP's peak holds two `[tokens, ffn]` buffers rather than three
+    /// (16 MB fewer for a 512-token window of a 1B model, 29 MB of an 8B). The same
+    /// operations as [`math::silu_mul`], so the same bits.
+    fn own_silu_mul(&self, x: &Tensor) -> Result<Option<Tensor>> {
+        if !(self.gate.is_own() && self.up.is_own()) {
+            return Ok(None);
+        }
+        let (Some((mut gate, dims)), Some((up, up_dims))) =
+            (self.gate.own_forward(x)?, self.up.own_forward(x)?)
+        else {
+            return Ok(None);
+        };
+        if up_dims != dims {
+            return Err(ModelError::Tensor {
+                name: "ffn_up".to_string(),
+                detail: format!("gives {up_dims:?} where ffn_gate gives {dims:?}"),
+            });
+        }
+        math::silu_mul_in_place(&mut gate, &up);
+        drop(up);
+        Ok(Some(Tensor::from_vec(gate, dims, &Device::Cpu)?))
     }
 }
 

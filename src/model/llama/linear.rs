@@ -138,6 +138,24 @@ impl Linear {
         }) as u64
     }
 
+    pub(super) fn is_own(&self) -> bool {
+        matches!(self, Linear::Own(_))
+    }
+
+    /// `x`'s product through our kernel as raw values and their dims (`None` for candle's
+    /// matrices), for a caller that reuses the buffer.
+    pub(super) fn own_forward(&self, x: &Tensor) -> Result<Option<(Vec<f32>, Vec<usize>)>> {
+        let Linear::Own(w) = self else {
+            return Ok(None);
+        };
+        let (n, k) = w.shape();
+        let mut dims = x.dims().to_vec();
+        let rows = x.elem_count() / k;
+        let y = with_f32(x, |xs| w.matmul(xs, rows))?;
+        *dims.last_mut().expect("rank >= 1") = n;
+        Ok(Some((y, dims)))
+    }
+
     pub(super) fn forward(&self, x: &Tensor) -> Result<Tensor> {
         match self {
             // Dense weights set the activations' dtype (f32 rows meet a bf16 output layer
@@ -151,7 +169,7 @@ impl Linear {
 
 /// Runs `f` on the f32 values of `t` in row-major order, without a copy when `t` is already a
 /// contiguous CPU f32 tensor.
-pub(super) fn with_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
+pub fn with_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
     use candle_core::{CpuStorage, Storage};
     let t = t.contiguous()?;
     let (storage, layout) = t.storage_and_layout();

@@ -36,8 +36,8 @@ pub(super) type Result<T> = std::result::Result<T, ModelError>;
 pub use config::LlamaConfig;
 use layers::*;
 pub use layers::{AllGather, AllReduce, Collectives};
-pub use linear::Kernels;
 use linear::*;
+pub use linear::{with_f32, Kernels};
 
 /// A Llama-family model, or the part of one that a rank holds ([`Partition`]), ready to
 /// score windows.
