@@ -95,8 +95,9 @@ pub fn nlls(model: &Llama, rows: &Tensor, targets: &[u32]) -> Result<Vec<f64>, M
         let logits = model.logits(&rows.narrow(0, r, n)?)?;
         let targets = &targets[r..r + n];
         if on_host {
-            let logits = logits.flatten_all()?.to_vec1::<f32>()?;
-            nlls.extend(nll::nll_rows(&logits, vocab, targets));
+            nlls.extend(with_host_f32(&logits, |l| {
+                nll::nll_rows(l, vocab, targets)
+            })?);
         } else {
             nlls.extend(nll::nll_rows_on_device(
                 &logits.reshape((n, vocab))?,
@@ -106,6 +107,21 @@ pub fn nlls(model: &Llama, rows: &Tensor, targets: &[u32]) -> Result<Vec<f64>, M
         r += n;
     }
     Ok(nlls)
+}
+
+/// Runs `f` on the f32 values of a CPU tensor, borrowed when it is contiguous f32 (the logits
+/// block: 64 MiB at Gemma's 262k vocabulary, whose copy cost a memcpy and a fresh mapping's
+/// page faults per block), else on a copy.
+fn with_host_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> candle_core::Result<R> {
+    use candle_core::{CpuStorage, Storage};
+    let (storage, layout) = t.storage_and_layout();
+    if let (Storage::Cpu(CpuStorage::F32(v)), Some((start, end))) =
+        (&*storage, layout.contiguous_offsets())
+    {
+        return Ok(f(&v[start..end]));
+    }
+    drop(storage);
+    Ok(f(&t.flatten_all()?.to_vec1::<f32>()?))
 }
 
 /// This rank's partial log-softmax rows over its share of the vocabulary (tensor parallel).

@@ -103,7 +103,11 @@ pub fn tanhf(x: f32) -> f32 {
     let jx = x.to_bits() as i32;
     let ix = jx & 0x7fff_ffff;
     if ix >= 0x7f80_0000 {
-        return if jx >= 0 { ONE / x + ONE } else { ONE / x - ONE };
+        return if jx >= 0 {
+            ONE / x + ONE
+        } else {
+            ONE / x - ONE
+        };
     }
     let z = if ix < 0x41b0_0000 {
         if ix == 0 {
@@ -230,20 +234,14 @@ mod avx512 {
             _mm512_sub_ps(_mm512_mul_ps(xr, _mm512_sub_ps(e, c)), c),
             hxs,
         );
-        let km1 = _mm512_sub_ps(
-            _mm512_mul_ps(splat(0.5), _mm512_sub_ps(xr, e)),
-            splat(0.5),
-        );
+        let km1 = _mm512_sub_ps(_mm512_mul_ps(splat(0.5), _mm512_sub_ps(xr, e)), splat(0.5));
         let kp1 = _mm512_mask_blend_ps(
             _mm512_cmp_ps_mask::<_CMP_LT_OQ>(xr, splat(-0.25)),
             _mm512_add_ps(splat(ONE), _mm512_mul_ps(splat(2.0), _mm512_sub_ps(xr, e))),
             _mm512_mul_ps(splat(-2.0), _mm512_sub_ps(e, _mm512_add_ps(xr, splat(0.5)))),
         );
         let e_minus_x = _mm512_sub_ps(e, xr);
-        let far = _mm512_sub_ps(
-            scaled(_mm512_sub_ps(splat(ONE), e_minus_x), k),
-            splat(ONE),
-        );
+        let far = _mm512_sub_ps(scaled(_mm512_sub_ps(splat(ONE), e_minus_x), k), splat(ONE));
         // 2 ≤ k < 23: t = 1 − 2^−k; 23 ≤ k ≤ 56: t = 2^−k.
         let one_minus = _mm512_castsi512_ps(_mm512_sub_epi32(
             int(0x3f80_0000),
@@ -256,8 +254,7 @@ mod avx512 {
             k,
         );
         let is = |v: i32| _mm512_cmpeq_epi32_mask(k, int(v));
-        let far_mask =
-            _mm512_cmple_epi32_mask(k, int(-2)) | _mm512_cmpgt_epi32_mask(k, int(56));
+        let far_mask = _mm512_cmple_epi32_mask(k, int(-2)) | _mm512_cmpgt_epi32_mask(k, int(56));
         let mut r = _mm512_mask_blend_ps(_mm512_cmplt_epi32_mask(k, int(23)), mid_k, small_k);
         r = _mm512_mask_blend_ps(far_mask, r, far);
         r = _mm512_mask_blend_ps(is(1), r, kp1);
@@ -275,15 +272,12 @@ mod avx512 {
         let ax = _mm512_castsi512_ps(ix);
         let at_least_one = _mm512_cmpge_epi32_mask(ix, int(0x3f80_0000));
         let two_ax = _mm512_add_ps(ax, ax);
-        let minus_two_ax = _mm512_castsi512_ps(_mm512_xor_si512(
-            _mm512_castps_si512(two_ax),
-            int(i32::MIN),
-        ));
+        let minus_two_ax =
+            _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(two_ax), int(i32::MIN)));
         let t = expm1(_mm512_mask_blend_ps(at_least_one, minus_two_ax, two_ax));
         let t_plus_two = _mm512_add_ps(t, splat(2.0));
         let z_large = _mm512_sub_ps(splat(ONE), _mm512_div_ps(splat(2.0), t_plus_two));
-        let minus_t =
-            _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(t), int(i32::MIN)));
+        let minus_t = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(t), int(i32::MIN)));
         let z_small = _mm512_div_ps(minus_t, t_plus_two);
         let z = _mm512_mask_blend_ps(at_least_one, z_small, z_large);
         // |x| ≥ 22 and ±∞: ±1; NaN: itself, quieted (as 1/x ± 1 gives it).

@@ -45,7 +45,12 @@ fn tanhf_and_expm1f_are_glibcs() {
         .copied()
         .filter(|&x| !same(tanhf(x), x.tanh()) || !same(expm1f(x), x.exp_m1()))
         .collect();
-    assert!(bad.is_empty(), "{} differ, e.g. {:?}", bad.len(), &bad[..bad.len().min(5)]);
+    assert!(
+        bad.is_empty(),
+        "{} differ, e.g. {:?}",
+        bad.len(),
+        &bad[..bad.len().min(5)]
+    );
     // And values of tanh, whatever the libm: fixed bits of the definition.
     assert_eq!(tanhf(0.5).to_bits(), 0x3eec_9a9f);
     assert_eq!(tanhf(-3.0).to_bits(), 0xbf7e_bbe9);
@@ -75,7 +80,9 @@ fn the_avx512_tanh_is_the_definition_bit_for_bit() {
 fn gelu_mul_gives_the_same_bits_at_every_level() {
     let mut seed = 3u64;
     let mut next = || {
-        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         ((seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
     };
     // Gates over the range GELU meets (and its tails), 16·k + 5 of them.
