@@ -1,11 +1,11 @@
 //! The f64 exponential of the log-softmax, `Σ_i exp(l_i − max)` in index order, with `exp`
-//! computed as glibc's (2.28 and later) `exp` computes it on a CPU with FMA: `x = k·ln2/128
-//! + r`, `2^(k/128)` from a 128-entry table, a degree-5 polynomial in `r`, every step one
-//! IEEE operation or fused multiply-add in a fixed order. [`exp`] is that code in Rust (the
-//! table is `2^(i/128)` rounded to f64 and its relative rounding error rounded to f64,
-//! computed from the definition and equal to glibc's), and the AVX-512 path runs it in eight
-//! lanes, so every level gives the same bits, and the same bits as the libm call it replaces
-//! (checked against the system's libm on millions of arguments).
+//! computed as glibc's (2.28 and later) `exp` computes it on a CPU with FMA: `x` split as
+//! `k·ln2/128 + r`, `2^(k/128)` from a 128-entry table, a degree-5 polynomial in `r`, every
+//! step one IEEE operation or fused multiply-add in a fixed order. [`exp`] is that code in
+//! Rust (the table is `2^(i/128)` rounded to f64 and its relative rounding error rounded to
+//! f64, computed from the definition and equal to glibc's), and the AVX-512 path runs it in
+//! eight lanes, so every level gives the same bits, and the same bits as the libm call it
+//! replaces (checked against the system's libm on millions of arguments).
 //!
 //! Why: the log-softmax takes one f64 `exp` per vocabulary entry per scored token (Gemma 3:
 //! 262,144 per token); the libm call and the loop around it were about a tenth of a Gemma 3
