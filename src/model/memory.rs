@@ -18,7 +18,7 @@ use super::gguf::GgufFile;
 use super::{LlamaConfig, Partition, Precision};
 
 /// Rows of hidden states projected onto the vocabulary at once: bounds the logits buffer
-/// (64 × 49,152 × 4 bytes ≈ 12.6 MB for SmolLM2, held twice while it is read out) whatever
+/// (64 × 49,152 × 4 bytes ≈ 12.6 MB for SmolLM2, read in place by the NLL) whatever
 /// the batch size. 256 rows cost 100 MB of peak memory and were no faster.
 pub const LOGIT_ROWS: usize = 64;
 
@@ -173,7 +173,10 @@ pub fn estimate(
     let fused = matches!(precision, Precision::Native | Precision::F32);
     let activations = activation_bytes(mc, batch, ctx, fused);
     let rows = (LOGIT_ROWS as u64).min((batch * ctx) as u64);
-    let logits = 2 * rows * mc.vocab_size as u64 * 4;
+    // A whole model's NLL reads the block where the output layer wrote it; a model-parallel
+    // rank's partial rows take a copy of its columns.
+    let copies = if parts.is_empty() { 1 } else { 2 };
+    let logits = copies * rows * mc.vocab_size as u64 * 4;
     // Vocabulary hash maps and merge tables: about 200 bytes per entry.
     let other = BASELINE + tokenizer_entries as u64 * 200;
     let r = ranks_in_process.max(1) as u64;
