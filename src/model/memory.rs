@@ -173,9 +173,9 @@ pub fn estimate(
     let fused = matches!(precision, Precision::Native | Precision::F32);
     let activations = activation_bytes(mc, batch, ctx, fused);
     let rows = (LOGIT_ROWS as u64).min((batch * ctx) as u64);
-    // A whole model's NLL reads the block where the output layer wrote it; a model-parallel
-    // rank's partial rows take a copy of its columns.
-    let copies = if parts.is_empty() { 1 } else { 2 };
+    // The NLL reads the block where the output layer wrote it; a tensor-parallel rank's
+    // partial rows take a copy of its columns.
+    let copies = if parts.iter().any(|p| p.tp > 1) { 2 } else { 1 };
     let logits = copies * rows * mc.vocab_size as u64 * 4;
     // Vocabulary hash maps and merge tables: about 200 bytes per entry.
     let other = BASELINE + tokenizer_entries as u64 * 200;
