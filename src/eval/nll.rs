@@ -3,14 +3,17 @@
 //! For a row of logits `l` and target `t`: `nll = ln Σ_i exp(l_i − max) − (l_t − max)`, with
 //! the max subtracted first and every term computed and summed in f64 in index order, so the
 //! value depends only on the row (never on threads or batch-mates). This is llama.cpp's
-//! `log_softmax` with the exponentials also taken in double.
+//! `log_softmax` with the exponentials also taken in double, as glibc's `exp` computes them
+//! ([`crate::model::kernels::exp64`], vectorised with the same bits).
 
 use rayon::prelude::*;
+
+use crate::model::kernels::exp64::exp_sum;
 
 /// NLL of one row of logits.
 pub fn nll_row(logits: &[f32], target: u32) -> f64 {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let sum: f64 = logits.iter().map(|&l| (l as f64 - max).exp()).sum();
+    let sum = exp_sum(logits, max);
     sum.ln() - (logits[target as usize] as f64 - max)
 }
 
@@ -58,7 +61,7 @@ pub struct PartialRow {
 /// The partial row of `logits`, the columns `offset..offset + logits.len()` of the vocabulary.
 pub fn partial_row(logits: &[f32], offset: usize, target: u32) -> PartialRow {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let sum: f64 = logits.iter().map(|&l| (l as f64 - max).exp()).sum();
+    let sum = exp_sum(logits, max);
     let t = (target as usize)
         .checked_sub(offset)
         .filter(|&t| t < logits.len());

@@ -124,19 +124,11 @@ pub fn add(a: &[f32], b: &[f32]) -> Vec<f32> {
 }
 
 /// `gelu(g)·u` with GELU's tanh approximation, elementwise on the caller's thread pool:
-/// candle's `gelu` and `mul` written in one pass, operation for operation, so the values are
-/// the same bits as `(gate.gelu()? * up)?` (the scalar `tanh` at every instruction level).
+/// candle's `gelu` and `mul` written in one pass, operation for operation, with glibc's
+/// `tanhf` reproduced bit for bit ([`super::gelu`]), so the values are the same bits as
+/// `(gate.gelu()? * up)?` on glibc 2.36 at every instruction level.
 pub fn gelu_mul(gate: &[f32], up: &[f32]) -> Vec<f32> {
-    assert_eq!(gate.len(), up.len(), "gate/up shapes");
-    const SQRT_TWO_OVER_PI: f32 = 0.797_884_6;
-    gate.par_iter()
-        .with_min_len(ELEMENTWISE_CHUNK)
-        .zip(up.par_iter())
-        .map(|(&v, &u)| {
-            let gelu = 0.5 * v * (1.0 + f32::tanh(SQRT_TWO_OVER_PI * v * (1.0 + 0.044715 * v * v)));
-            gelu * u
-        })
-        .collect()
+    super::gelu::gelu_mul_with(super::isa(), gate, up)
 }
 
 fn silu_mul_one(g: f32, u: f32) -> f32 {

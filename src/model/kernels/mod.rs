@@ -34,10 +34,16 @@
 //! - [`attention`]: causal f32 attention computing only the visible keys, fused from scores to
 //!   values (candle's ops materialised four `[heads, t, t]` tensors per layer).
 //! - [`math`]: a vectorised exponential and SiLU gating (glibc's scalar `expf` was 5–7%).
+//! - [`exp64`]: the log-softmax's f64 exponentials as glibc's `exp` computes them, in
+//!   AVX-512 lanes (the libm call and its loop were about a tenth of a Gemma 3 profile).
+//! - [`gelu`]: Gemma's GELU·up with glibc's `tanhf` reproduced bit for bit in AVX-512 lanes
+//!   (the scalar libm call was 12% of a Gemma 3 profile).
 
 pub mod attention;
 pub mod bf16;
+pub mod exp64;
 pub mod f32_weights;
+pub mod gelu;
 pub mod half;
 pub mod half_driver;
 pub mod int8;
