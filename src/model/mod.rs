@@ -12,6 +12,7 @@
 
 pub mod arch;
 pub mod block_tensors;
+pub mod config;
 pub mod device;
 pub mod fetch;
 pub mod file;
@@ -33,7 +34,8 @@ pub mod tokenizer_meta;
 pub use arch::Arch;
 pub use device::{DeviceError, DeviceSpec};
 pub use gguf::{GgufError, GgufFile};
-pub use llama::{Collectives, Kernels, Llama, LlamaConfig};
+pub use config::LlamaConfig;
+pub use llama::{Collectives, Kernels, Llama};
 pub use quantize::{Quantize, Scheme};
 pub use shard::Partition;
 

@@ -16,7 +16,8 @@ use candle_core::quantized::GgmlDType;
 
 use super::block_tensors::BlockTensors;
 use super::gguf::GgufFile;
-use super::{LlamaConfig, ModelError};
+use super::config::LlamaConfig;
+use super::ModelError;
 
 type Result<T> = std::result::Result<T, ModelError>;
 
