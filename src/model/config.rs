@@ -1,5 +1,5 @@
 //! [`LlamaConfig`]: the hyper-parameters of the five families, read from GGUF metadata.
-//! Below both the layers ([`super::llama`]) and the sharding plan ([`super::shard`]), which
+//! Below both the layers (`model::llama`) and the sharding plan (`model::shard`), which
 //! each read it.
 
 use crate::model::arch::{Arch, SUPPORTED_ARCHITECTURES};
