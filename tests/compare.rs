@@ -307,7 +307,14 @@ fn an_interrupted_comparison_resumes_to_the_uninterrupted_bits() {
     ppl_cmd()
         .args(["compare", "--resume"])
         .arg(&dir)
-        .args(["--ranks", "3", "--schedule", "dynamic", "--quiet", "--output"])
+        .args([
+            "--ranks",
+            "3",
+            "--schedule",
+            "dynamic",
+            "--quiet",
+            "--output",
+        ])
         .arg(&out)
         .assert()
         .success();

@@ -281,7 +281,16 @@ fn compare_on_rank(
     };
     let run = run_info(job.cfg, &resume_plan, notes);
     let ranks = comm.size();
-    finish(job, gathered, Finished { ranks, run, model_sha256 }).map(Some)
+    finish(
+        job,
+        gathered,
+        Finished {
+            ranks,
+            run,
+            model_sha256,
+        },
+    )
+    .map(Some)
 }
 
 /// The run directory as `results.json` of `ppl eval` reports it.

@@ -80,10 +80,13 @@ impl Record for WindowPart {
                 self.tokens.len()
             ));
         }
-        let bad = self.tokens.iter().position(|t| {
-            !(t.nll_base >= 0.0 && t.nll_model >= 0.0 && t.kld >= 0.0)
-                || !(-1.0..=1.0).contains(&t.delta_p)
-        })?;
+        let plausible = |t: &TokenComparison| {
+            t.nll_base >= 0.0
+                && t.nll_model >= 0.0
+                && t.kld >= 0.0
+                && (-1.0..=1.0).contains(&t.delta_p)
+        };
+        let bad = self.tokens.iter().position(|t| !plausible(t))?;
         Some(format!(
             "token {bad}: a negative or NaN NLL or KLD, or a Δp outside [-1, 1]"
         ))

@@ -96,7 +96,6 @@ impl<'a> Document<'a> {
     }
 }
 
-
 /// Whether a line is a top-level wikitext heading such as ` = Robert Boulter = `.
 fn is_wikitext_title(line: &str) -> bool {
     let t = line.trim();

@@ -32,9 +32,9 @@ pub mod synth;
 pub mod tokenizer_meta;
 
 pub use arch::Arch;
+pub use config::LlamaConfig;
 pub use device::{DeviceError, DeviceSpec};
 pub use gguf::{GgufError, GgufFile};
-pub use config::LlamaConfig;
 pub use llama::{Collectives, Kernels, Llama};
 pub use quantize::{Quantize, Scheme};
 pub use shard::Partition;

@@ -15,8 +15,8 @@ use std::ops::Range;
 use candle_core::quantized::GgmlDType;
 
 use super::block_tensors::BlockTensors;
-use super::gguf::GgufFile;
 use super::config::LlamaConfig;
+use super::gguf::GgufFile;
 use super::ModelError;
 
 type Result<T> = std::result::Result<T, ModelError>;

@@ -99,7 +99,10 @@ fn plan_resume<R: Record>(
         hint: "; give a writable --run-dir",
     })?;
     let config = opts.config_yaml.as_ref().map(|y| ("config.yaml", y));
-    for (name, text) in config.into_iter().chain(opts.saved_files.iter().map(|(n, t)| (*n, t))) {
+    for (name, text) in config
+        .into_iter()
+        .chain(opts.saved_files.iter().map(|(n, t)| (*n, t)))
+    {
         let path = dir.join(name);
         if !path.exists() {
             std::fs::write(&path, text).map_err(|source| EvalError::Io {

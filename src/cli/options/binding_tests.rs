@@ -79,7 +79,12 @@ const CLASSIFIED: &[Binds] = &[
     ),
     // The layout: agreed on, but a resume may use another.
     binds("pp", &[], PIPELINE, AGREED),
-    binds("dp-shard", &[], &["--dp-shard", "2", "--ranks", "2"], AGREED),
+    binds(
+        "dp-shard",
+        &[],
+        &["--dp-shard", "2", "--ranks", "2"],
+        AGREED,
+    ),
     binds(
         "dp-replicate",
         &["--pp", "2"],
@@ -87,13 +92,23 @@ const CLASSIFIED: &[Binds] = &[
         AGREED,
     ),
     // The confidence interval, not a window's value.
-    binds("bootstrap-samples", &[], &["--bootstrap-samples", "10"], AGREED),
+    binds(
+        "bootstrap-samples",
+        &[],
+        &["--bootstrap-samples", "10"],
+        AGREED,
+    ),
     // Never change a result (tested bit for bit elsewhere), or bound by fingerprint (the
     // model's and the text's sha256; the text field picks the text that is fingerprinted).
     binds("model", &[], &["--model", "/other/model.gguf"], NEITHER),
     binds("data", &[], &["--data", "/other/text.txt"], NEITHER),
     binds("text-field", &[], &["--text-field", "body"], NEITHER),
-    binds("model.format", &[], &["--set", "model.format=gguf"], NEITHER),
+    binds(
+        "model.format",
+        &[],
+        &["--set", "model.format=gguf"],
+        NEITHER,
+    ),
     binds("batch-size", &[], &["--batch-size", "4"], NEITHER),
     binds("threads", &[], &["--threads", "3"], NEITHER),
     binds("schedule", &[], &["--schedule", "dynamic"], NEITHER),
@@ -111,7 +126,12 @@ const CLASSIFIED: &[Binds] = &[
     binds("quiet", &[], &["--quiet"], NEITHER),
     binds("print-chunks", &[], &["--print-chunks"], NEITHER),
     binds("oversubscribe", &[], &["--oversubscribe"], NEITHER),
-    binds("debug-rank-data", &[], &["--debug-rank-data", "0=/x"], NEITHER),
+    binds(
+        "debug-rank-data",
+        &[],
+        &["--debug-rank-data", "0=/x"],
+        NEITHER,
+    ),
     binds("set", &[], &["--set", "evaluation.batch_size=8"], NEITHER),
     // A configuration file holds the other rows' keys, each classified above.
     binds("config", &[], &[], NEITHER),
@@ -142,10 +162,7 @@ fn bindings(flags: &[&str]) -> (String, String) {
 fn every_option_is_classified_for_the_bindings_once() {
     let name = |o: &EvalOption| o.flag.or(o.key).unwrap_or_default();
     for o in EVAL_OPTIONS {
-        let n = CLASSIFIED
-            .iter()
-            .filter(|b| b.option == name(o))
-            .count();
+        let n = CLASSIFIED.iter().filter(|b| b.option == name(o)).count();
         assert_eq!(
             n,
             1,

@@ -6,10 +6,7 @@ use candle_core::Device;
 use super::*;
 
 /// Builds a small GGUF image in memory: metadata and F32 tensors.
-pub(crate) fn build_gguf(
-    kv: &[(&str, Value)],
-    tensors: &[(&str, Vec<u64>, Vec<f32>)],
-) -> Vec<u8> {
+pub(crate) fn build_gguf(kv: &[(&str, Value)], tensors: &[(&str, Vec<u64>, Vec<f32>)]) -> Vec<u8> {
     fn put_str(out: &mut Vec<u8>, s: &str) {
         out.extend_from_slice(&(s.len() as u64).to_le_bytes());
         out.extend_from_slice(s.as_bytes());
