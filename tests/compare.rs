@@ -228,19 +228,8 @@ fn a_panicking_rank_ends_the_comparison_and_names_itself() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("c.json");
     let started = std::time::Instant::now();
-    let model = common::model();
     // Rank 1 compares windows 1 and 3 (static schedule) and crashes in its second unit.
-    ppl_cmd()
-        .arg("compare")
-        .arg("--base")
-        .arg(&model)
-        .arg("--model")
-        .arg(&model)
-        .arg("--data")
-        .arg(common::wikitext())
-        .args(["--ctx", "128", "--chunks", "4", "--ranks", "2", "--quiet"])
-        .arg("--output")
-        .arg(&out)
+    compare_cmd(&["--ranks", "2", "--output", out.to_str().unwrap()])
         .env("PPL_DEBUG_PANIC_RANK", "1")
         .assert()
         .failure()
@@ -267,9 +256,8 @@ fn ledger_records(dir: &std::path::Path) -> usize {
         .sum()
 }
 
-/// `ppl compare` of the quantized model against the model (ctx 128, 4 chunks, f32) in
-/// `run_dir`, with `extra`.
-fn compare_in(run_dir: &std::path::Path, extra: &[&str]) -> assert_cmd::Command {
+/// `ppl compare` of the model against itself (ctx 128, 4 chunks, quiet), with `extra`.
+fn compare_cmd(extra: &[&str]) -> assert_cmd::Command {
     let model = common::model();
     let mut c = ppl_cmd();
     c.arg("compare")
@@ -279,11 +267,22 @@ fn compare_in(run_dir: &std::path::Path, extra: &[&str]) -> assert_cmd::Command 
         .arg(&model)
         .arg("--data")
         .arg(common::wikitext())
-        .args(["--ctx", "128", "--chunks", "4", "--precision", "f32"])
-        .args(["--quantize", "int4", "--group-size", "64", "--quiet"])
-        .arg("--run-dir")
-        .arg(run_dir)
+        .args(["--ctx", "128", "--chunks", "4", "--quiet"])
         .args(extra);
+    c
+}
+
+/// `ppl compare` of the quantized model against the model (f32) in `run_dir`, with `extra`.
+fn compare_in(run_dir: &std::path::Path, extra: &[&str]) -> assert_cmd::Command {
+    let mut c = compare_cmd(&[
+        "--precision",
+        "f32",
+        "--quantize",
+        "int4",
+        "--group-size",
+        "64",
+    ]);
+    c.arg("--run-dir").arg(run_dir).args(extra);
     c
 }
 
