@@ -1,7 +1,9 @@
 //! `ppl compare`: a model against itself is KLD 0 and 100% same top token; a quantized model
 //! has KLD > 0 (never negative), its PPL equals what `ppl eval` reports for it; results do not
 //! depend on the number of ranks; a saved base reproduces the comparison bit for bit; models
-//! with different tokenizers and base files made for other options are refused.
+//! with different tokenizers and base files made for other options are refused; an
+//! interrupted comparison resumes (`--resume DIR`) to the uninterrupted bits, and a resume with
+//! another base or data is refused.
 
 mod common;
 
@@ -126,6 +128,7 @@ fn numbers(c: &serde_json::Value) -> serde_json::Value {
         "config",
         "ranks",
         "rank_stats",
+        "run",
         "base_file",
         "base",
     ] {
@@ -225,26 +228,192 @@ fn a_panicking_rank_ends_the_comparison_and_names_itself() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("c.json");
     let started = std::time::Instant::now();
-    let model = common::model();
     // Rank 1 compares windows 1 and 3 (static schedule) and crashes in its second unit.
-    ppl_cmd()
-        .arg("compare")
+    compare_cmd(&["--ranks", "2", "--output", out.to_str().unwrap()])
+        .env("PPL_DEBUG_PANIC_RANK", "1")
+        .assert()
+        .failure()
+        .stderr(contains("rank 1 ("))
+        .stderr(contains("panicked: PPL_DEBUG_PANIC_RANK"))
+        .stderr(contains("ppl compare --resume"));
+    // Not the 600 s communication timeout: rank 0 was told at once.
+    assert!(started.elapsed() < std::time::Duration::from_secs(120));
+    assert!(!out.exists());
+}
+
+/// Window records in the ledgers of a comparison's run directory.
+fn ledger_records(dir: &std::path::Path) -> usize {
+    ppl::eval::ledger::files(dir)
+        .unwrap()
+        .iter()
+        .map(|p| {
+            let bytes = std::fs::read(p).unwrap();
+            ppl::eval::ledger::parse_records::<ppl::compare::WindowPart>(p, &bytes)
+                .unwrap()
+                .records
+                .len()
+        })
+        .sum()
+}
+
+/// `ppl compare` of the model against itself (ctx 128, 4 chunks, quiet), with `extra`.
+fn compare_cmd(extra: &[&str]) -> assert_cmd::Command {
+    let model = common::model();
+    let mut c = ppl_cmd();
+    c.arg("compare")
         .arg("--base")
         .arg(&model)
         .arg("--model")
         .arg(&model)
         .arg("--data")
         .arg(common::wikitext())
-        .args(["--ctx", "128", "--chunks", "4", "--ranks", "2", "--quiet"])
-        .arg("--output")
-        .arg(&out)
+        .args(["--ctx", "128", "--chunks", "4", "--quiet"])
+        .args(extra);
+    c
+}
+
+/// `ppl compare` of the quantized model against the model (f32) in `run_dir`, with `extra`.
+fn compare_in(run_dir: &std::path::Path, extra: &[&str]) -> assert_cmd::Command {
+    let mut c = compare_cmd(&[
+        "--precision",
+        "f32",
+        "--quantize",
+        "int4",
+        "--group-size",
+        "64",
+    ]);
+    c.arg("--run-dir").arg(run_dir).args(extra);
+    c
+}
+
+#[test]
+fn an_interrupted_comparison_resumes_to_the_uninterrupted_bits() {
+    let whole = compare(&["--quantize", "int4", "--group-size", "64"]);
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("run");
+    // Rank 1 compares windows 1 and 3 (static schedule) and crashes in its second unit: its
+    // first window, and whatever rank 0 finished meanwhile, are in the ledgers.
+    compare_in(&dir, &["--ranks", "2"])
         .env("PPL_DEBUG_PANIC_RANK", "1")
         .assert()
         .failure()
-        .stderr(contains("rank 1 ("))
-        .stderr(contains("panicked: PPL_DEBUG_PANIC_RANK"))
-        .stderr(contains("run it again"));
-    // Not the 600 s communication timeout: rank 0 was told at once.
-    assert!(started.elapsed() < std::time::Duration::from_secs(120));
-    assert!(!out.exists());
+        .stderr(contains("ppl compare --resume"));
+    let kept = ledger_records(&dir);
+    assert!((1..4).contains(&kept), "{kept} records kept");
+    // `--resume DIR` alone: the saved configuration and base, on another world size and
+    // schedule.
+    let out = tmp.path().join("resumed.json");
+    ppl_cmd()
+        .args(["compare", "--resume"])
+        .arg(&dir)
+        .args([
+            "--ranks",
+            "3",
+            "--schedule",
+            "dynamic",
+            "--quiet",
+            "--output",
+        ])
+        .arg(&out)
+        .assert()
+        .success();
+    let resumed: serde_json::Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+    assert_eq!(numbers(&whole), numbers(&resumed));
+    for k in ["kld_mean", "ppl_base", "ppl_model", "delta_ppl", "same_top"] {
+        let (a, b) = (whole[k].as_f64().unwrap(), resumed[k].as_f64().unwrap());
+        assert_eq!(a.to_bits(), b.to_bits(), "{k}");
+    }
+    assert!(whole["kld_mean"].as_f64().unwrap() > 0.0);
+    let run = &resumed["run"];
+    assert_eq!(run["resumed"], true);
+    assert_eq!(run["attempt"], 1);
+    assert_eq!(run["windows_from_ledger"], kept);
+    // Only the missing windows were compared again.
+    let stats = resumed["rank_stats"].as_array().unwrap();
+    let compared: u64 = stats.iter().map(|r| r["windows"].as_u64().unwrap()).sum();
+    assert_eq!(compared as usize, 4 - kept);
+    assert_eq!(whole["run"]["resumed"], false);
+}
+
+#[test]
+fn a_resume_with_another_base_or_data_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("run");
+    compare_in(&dir, &[]).assert().success();
+    let ledger = "ledger-a0-r0.bin belongs to a different evaluation";
+    let model = common::model();
+    let resume = || {
+        let mut c = ppl_cmd();
+        c.arg("compare").arg("--resume").arg(&dir).arg("--quiet");
+        c
+    };
+    // Another precision of the base.
+    resume()
+        .arg("--base")
+        .arg(&model)
+        .args(["--base-precision", "bf16"])
+        .assert()
+        .failure()
+        .stderr(contains(ledger))
+        .stderr(contains("base: ledger sha256"))
+        .stderr(contains("precision f32, this run sha256"))
+        .stderr(contains("precision bf16"))
+        .stderr(contains("panicked").not());
+    // Other data, with the run's flags given again.
+    let other = tmp.path().join("other.txt");
+    let mut text = std::fs::read_to_string(common::wikitext()).unwrap();
+    text.insert_str(0, "A different first line.\n");
+    std::fs::write(&other, text).unwrap();
+    resume()
+        .arg("--base")
+        .arg(&model)
+        .arg("--model")
+        .arg(&model)
+        .arg("--data")
+        .arg(&other)
+        .args(["--ctx", "128", "--chunks", "4", "--precision", "f32"])
+        .args(["--quantize", "int4", "--group-size", "64"])
+        .assert()
+        .failure()
+        .stderr(contains(ledger))
+        .stderr(contains("data sha256"));
+    // An evaluation is not a comparison, in either direction.
+    ppl_cmd()
+        .args(["eval", "--resume"])
+        .arg(&dir)
+        .args(["--progress", "none"])
+        .assert()
+        .failure()
+        .stderr(contains(ledger))
+        .stderr(contains("this run none (ppl eval)"));
+    let eval_dir = tmp.path().join("eval");
+    ppl_cmd()
+        .arg("eval")
+        .arg("--model")
+        .arg(&model)
+        .arg("--data")
+        .arg(common::wikitext())
+        .args(["--ctx", "128", "--chunks", "1", "--progress", "none"])
+        .arg("--run-dir")
+        .arg(&eval_dir)
+        .assert()
+        .success();
+    ppl_cmd()
+        .args(["compare", "--resume"])
+        .arg(&eval_dir)
+        .assert()
+        .failure()
+        .stderr(contains("no compare-base.json there"))
+        .stderr(contains("--base BASE.gguf"));
+    // The ledger keeps no stored rows: a resumed comparison cannot save the base.
+    let file = tmp.path().join("base.pplbase");
+    resume()
+        .arg("--base")
+        .arg(&model)
+        .arg("--save-base")
+        .arg(&file)
+        .assert()
+        .failure()
+        .stderr(contains("--save-base with --resume"));
+    assert!(!file.exists());
 }

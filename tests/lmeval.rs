@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use common::{assert_same_numbers, ppl_cmd};
+use ppl::data::words;
 use ppl::report::Results;
 use ppl::task::wikitext;
 use predicates::prelude::PredicateBooleanExt;
@@ -183,7 +184,7 @@ fn pages_and_counts_are_the_datasets() {
             page.chars().count() as u64,
             d["page_chars"].as_u64().unwrap()
         );
-        assert_eq!(wikitext::count_words(page), d["words"].as_u64().unwrap());
+        assert_eq!(words::count_words(page), d["words"].as_u64().unwrap());
     }
 }
 
@@ -295,12 +296,12 @@ fn pages_follow_the_dataset_script() {
 
 #[test]
 fn whitespace_is_pythons() {
-    assert_eq!(wikitext::count_words("a b  c"), 3);
-    assert_eq!(wikitext::count_words(" = Title = \n"), 5);
-    assert_eq!(wikitext::count_words(""), 1);
+    assert_eq!(words::count_words("a b  c"), 3);
+    assert_eq!(words::count_words(" = Title = \n"), 5);
+    assert_eq!(words::count_words(""), 1);
     // U+001F is whitespace to Python (not to Rust's char::is_whitespace), U+200B to neither.
-    assert_eq!(wikitext::count_words("a\u{1F}b\u{200B}c"), 2);
-    assert_eq!(wikitext::python_strip("\u{1C} x \u{3000}"), "x");
+    assert_eq!(words::count_words("a\u{1F}b\u{200B}c"), 2);
+    assert_eq!(words::python_strip("\u{1C} x \u{3000}"), "x");
     // Pairs: up to the next closing character; an unclosed one stops the rule.
     assert_eq!(wikitext::detokenize("a ( b ) c ( d"), "a (b) c ( d");
     assert_eq!(wikitext::detokenize("( ( x ) )"), "(( x) )");

@@ -190,6 +190,11 @@ const EXAMPLES: &[(&str, Action)] = &[
     ),
     ("ppl eval --resume runs/wiki -o results.json", Run),
     ("ppl eval --resume runs/wiki --ranks 4 --schedule dynamic", Run),
+    (
+        "ppl compare --base B.gguf -m M.gguf --quantize int4 -f wiki.test.raw --run-dir runs/cmp",
+        Run,
+    ),
+    ("ppl compare --resume runs/cmp --ranks 4", Run),
     // Fuzzing.
     ("cargo install cargo-fuzz", Skip(FUZZ)),
     (

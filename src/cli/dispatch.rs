@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context};
 
+use super::compare_base::compare_base;
 use super::eval_args::{parse_skip, Backend};
 use super::{
     bench, checks, inspect, launch, runs, synth, validate, Cli, Command, ConfigAction,
@@ -129,21 +130,18 @@ pub(super) fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             if cfg.parallel.any() {
                 bail!("ppl compare splits windows over ranks (data parallel) only; drop --tp/--pp/--dp-shard/--dp-replicate/--cp");
             }
+            let base = compare_base(&args)?;
+            let mut run = args.eval.run_options()?;
+            run.command = "ppl compare";
+            run.config_yaml = Some(resolved.to_yaml_absolute());
+            run.saved_files = vec![(
+                crate::compare::SAVED_BASE,
+                serde_json::to_string_pretty(&base.absolute())?,
+            )];
             let opts = crate::compare::CompareOptions {
-                base: match (&args.base, &args.base_logits) {
-                    (gguf, Some(f)) => crate::compare::BaseSource::File {
-                        path: f.clone(),
-                        gguf: gguf.clone(),
-                    },
-                    (Some(b), None) => crate::compare::BaseSource::Model {
-                        path: b.clone(),
-                        precision: args.base_precision,
-                    },
-                    (None, None) => {
-                        bail!("give the base with --base BASE.gguf or --base-logits FILE")
-                    }
-                },
+                base,
                 save_base: args.save_base.clone(),
+                run,
             };
             let r = match args.eval.backend() {
                 Backend::Local => {

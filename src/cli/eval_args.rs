@@ -126,19 +126,17 @@ impl EvalArgs {
             })
     }
 
-    /// `ppl compare` shares the evaluation flags, but keeps no ledger and writes no report:
-    /// these flags would do nothing there, so they are refused rather than ignored.
+    /// `ppl compare` shares the evaluation flags (its ledger and `--resume` too), but writes
+    /// no report: these flags would do nothing there, so they are refused rather than ignored.
     pub(super) fn refuse_eval_only_flags(&self) -> anyhow::Result<()> {
         let given = [
-            ("--run-dir", self.run_dir.is_some()),
-            ("--resume", self.resume.is_some()),
             ("--report", self.report.is_some()),
             ("--expect", self.expect.is_some()),
             ("--print-chunks", self.print_chunks),
         ];
         if let Some((flag, _)) = given.iter().find(|(_, set)| *set) {
             bail!(
-                "{flag} applies to `ppl eval`, not to `ppl compare` (which keeps no ledger and writes its comparison with -o/--output); drop {flag}"
+                "{flag} applies to `ppl eval`, not to `ppl compare` (which writes its comparison with -o/--output); drop {flag}"
             );
         }
         Ok(())
@@ -168,6 +166,7 @@ impl EvalArgs {
             rank_data,
             config_yaml: None,
             oversubscribe: self.oversubscribe,
+            ..RunOptions::default()
         })
     }
 

@@ -4,6 +4,7 @@
 
 mod bench;
 mod checks;
+mod compare_base;
 pub mod config;
 mod dispatch;
 mod eval_args;
@@ -48,8 +49,6 @@ enum Command {
     /// Compare a model with a base on the same tokens: KL divergence, ΔPPL, same top token.
     // The evaluation flags that do nothing here are hidden (and refused if given).
     #[command(
-        mut_arg("run_dir", |a| a.hide(true)),
-        mut_arg("resume", |a| a.hide(true)),
         mut_arg("report", |a| a.hide(true)),
         mut_arg("expect", |a| a.hide(true)),
         mut_arg("print_chunks", |a| a.hide(true))
@@ -109,11 +108,11 @@ struct ReportArgs {
 
 #[derive(Debug, Args)]
 struct CompareArgs {
-    /// The base model (GGUF) the model is compared with.
+    /// The base model (GGUF) the model is compared with (with --resume: the run's, by default).
     #[arg(
         long,
         value_name = "BASE.gguf",
-        required_unless_present = "base_logits"
+        required_unless_present_any = ["base_logits", "resume"]
     )]
     base: Option<PathBuf>,
     /// How the base's weights are used [default: f32: the exact values as stored].

@@ -49,7 +49,8 @@ pub fn run(args: RunsArgs) -> anyhow::Result<ExitCode> {
         .find(|r| r.windows_total.is_some_and(|t| r.windows_done < t))
     {
         println!(
-            "resume the newest unfinished one: ppl eval --resume {}",
+            "resume the newest unfinished one: {} --resume {}",
+            r.command,
             r.dir.display()
         );
     }

@@ -43,6 +43,11 @@ pub(super) fn load_models(
             "--save-base needs the base model (--base), not --base-logits".into(),
         ));
     }
+    if opts.save_base.is_some() && cfg.resume {
+        return Err(EvalError::Config(
+            "--save-base with --resume: the ledger keeps the comparisons, not the base's rows, so a resumed comparison cannot write the base file; drop --save-base (or run the comparison again from the start to save the base)".into(),
+        ));
+    }
     let cpu = &candle_core::Device::Cpu;
     let vocab = setup.mc.vocab_size;
     let (path, precision, file) = match &opts.base {

@@ -15,6 +15,12 @@
 //! depends on the world size, the schedule or the batch size. A local world runs its ranks
 //! through the same driver as `ppl eval` (a panicking rank is named and ends the run).
 //!
+//! Like `ppl eval`, a comparison keeps a ledger of its finished windows in its run directory
+//! (the token comparisons, bound to both models, the data and the scoring options, never the
+//! stored rows), with `config.yaml` and the base ([`SAVED_BASE`]) beside it:
+//! `ppl compare --resume DIR` compares only the windows missing there, on any number of ranks,
+//! and its figures are bit-identical to an uninterrupted run's.
+//!
 //! - [`load`]: both sides on a rank, and every refusal before scoring;
 //! - [`scorer`]: a unit of windows through both models; [`record`]: its wire form;
 //! - the results schema and its text rendering live in [`crate::report::comparison`] and
@@ -30,21 +36,27 @@ use std::time::Instant;
 use crate::comm::{local, CommError, Communicator};
 use crate::eval::base_file::{self, BaseFileHeader};
 use crate::eval::kld::{self, TokenComparison};
-use crate::eval::ledger::Binding;
+use crate::eval::ledger::{Binding, LedgerWriter};
 use crate::fingerprint;
 use crate::model::{Llama, Precision};
 use crate::parallel::data_parallel::{self as dp, Gathered};
 pub use crate::report::comparison::{BaseFileUse, CompareResults, Side, WindowComparison};
+use crate::report::RunInfo;
+use crate::run::resume::{self, ResumePlan};
 use crate::run::{
     abort_on_error, on_every_rank, setup_rank, threads_per_rank, EvalConfig, EvalError, RankSetup,
-    RankThreads,
+    RankThreads, RunOptions,
 };
 use load::{load_models, LoadedBase};
 pub use record::WindowPart;
 use scorer::CompareScorer;
 
+/// The file in a comparison's run directory that names its base, so that
+/// `ppl compare --resume DIR` alone finds it again (a [`BaseSource`] as JSON).
+pub const SAVED_BASE: &str = "compare-base.json";
+
 /// Where the base's distributions come from.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum BaseSource {
     /// A GGUF model, run beside the compared one (`--base`, `--base-precision`).
     Model { path: PathBuf, precision: Precision },
@@ -56,19 +68,38 @@ pub enum BaseSource {
     },
 }
 
+impl BaseSource {
+    /// The same base with absolute paths (saved in the run directory, where relative paths
+    /// would resolve against the wrong place).
+    pub fn absolute(&self) -> BaseSource {
+        let abs = |p: &PathBuf| std::path::absolute(p).unwrap_or_else(|_| p.clone());
+        match self {
+            BaseSource::Model { path, precision } => BaseSource::Model {
+                path: abs(path),
+                precision: *precision,
+            },
+            BaseSource::File { path, gguf } => BaseSource::File {
+                path: abs(path),
+                gguf: gguf.as_ref().map(abs),
+            },
+        }
+    }
+}
+
 /// The comparison's own options.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct CompareOptions {
     pub base: BaseSource,
     /// Also store the base's final hidden states here (`--save-base`).
     pub save_base: Option<PathBuf>,
+    /// The run directory's files and messages, as for `ppl eval`.
+    pub run: RunOptions,
 }
 
 /// `ppl compare` on the local backend: `cfg.ranks` ranks as threads sharing one copy of each
 /// model.
 pub fn compare(cfg: &EvalConfig, opts: &CompareOptions) -> Result<CompareResults, EvalError> {
     let started = Instant::now();
-    let cfg = &without_ledger(cfg);
     let n = cfg.ranks.max(1);
     let comms = local::world(n);
     let setup_threads = RankThreads {
@@ -80,7 +111,7 @@ pub fn compare(cfg: &EvalConfig, opts: &CompareOptions) -> Result<CompareResults
     let per_rank = threads_per_rank(cfg.threads, n);
     let scoring_threads = RankThreads {
         pool_threads: Some(per_rank),
-        panic_hint: "; a comparison keeps no ledger: run it again",
+        panic_hint: "; the ledger in the run directory keeps every window finished before it (resume with `ppl compare --resume DIR`)",
     };
     let mut outcomes = on_every_rank(&comms, &scoring_threads, |c| {
         let job = RankJob {
@@ -107,7 +138,6 @@ pub fn compare_rank(
     opts: &CompareOptions,
 ) -> Result<Option<CompareResults>, EvalError> {
     let started = Instant::now();
-    let cfg = &without_ledger(cfg);
     let setup = abort_on_error(comm, setup_rank(comm, cfg, &cfg.data))?;
     let loaded = load_models(cfg, &setup, opts);
     // Every rank learns whether every rank loaded, so none waits for a failed one.
@@ -138,15 +168,6 @@ pub fn compare_rank(
     compare_on_rank(comm, &job)
 }
 
-/// The comparison writes nothing but its results: no ledger, no run directory.
-fn without_ledger(cfg: &EvalConfig) -> EvalConfig {
-    EvalConfig {
-        run_dir: Some(std::env::temp_dir()),
-        resume: false,
-        ..cfg.clone()
-    }
-}
-
 /// What a base file must agree with: the base model, the data, the tokenizer and the plan.
 fn plan_binding(cfg: &EvalConfig, setup: &RankSetup, base_sha256: &str) -> Binding {
     Binding {
@@ -162,7 +183,30 @@ fn plan_binding(cfg: &EvalConfig, setup: &RankSetup, base_sha256: &str) -> Bindi
         })
         .to_string(),
         windows: setup.prepared.plan.windows.len(),
+        base: None,
     }
+}
+
+/// What the ledger's records are valid for: the compared model, the data, the tokenizer, the
+/// options a window's values depend on (as for `ppl eval`) and the base (its fingerprint and
+/// precision: whether it runs whole or from a base file changes no bit).
+fn ledger_binding(
+    comm: &dyn Communicator,
+    job: &RankJob<'_>,
+    model_sha256: String,
+) -> Result<Binding, EvalError> {
+    let (cfg, setup, side) = (job.cfg, job.setup, &job.base.side);
+    Ok(Binding {
+        model_sha256,
+        data_sha256: setup.text_sha256.clone(),
+        tokenizer_sha256: setup.tok.fingerprint.clone(),
+        config: cfg.values_json(&cfg.dims(comm.size())?),
+        windows: setup.prepared.plan.windows.len(),
+        base: Some(format!(
+            "sha256 {}, precision {}",
+            side.sha256, side.precision
+        )),
+    })
 }
 
 fn sha256(p: &Path) -> Result<String, EvalError> {
@@ -194,6 +238,20 @@ fn compare_on_rank(
     job: &RankJob<'_>,
 ) -> Result<Option<CompareResults>, EvalError> {
     let windows = &job.setup.prepared.plan.windows;
+    let model_sha256 = sha256(&job.cfg.model)?;
+    let binding = ledger_binding(comm, job, model_sha256.clone())?;
+    let (resume_plan, done, notes) =
+        resume::agree::<WindowPart>(comm, job.cfg, job.setup, &binding, &job.opts.run)?;
+    let mut ledger = LedgerWriter::create(
+        &resume_plan.run_dir,
+        comm.rank(),
+        resume_plan.attempt,
+        binding,
+    )
+    .map_err(|e| {
+        comm.abort(&e.to_string());
+        EvalError::from(e)
+    })?;
     let mut scorer = CompareScorer {
         model: job.model,
         base: job.base,
@@ -202,8 +260,10 @@ fn compare_on_rank(
     };
     let work = dp::Work {
         windows,
-        todo: (0..windows.len()).collect(),
-        done: Vec::new(),
+        todo: (0..windows.len())
+            .filter(|i| !resume_plan.done.contains(i))
+            .collect(),
+        done,
         batch_size: job.cfg.batch_size,
         schedule: job.cfg.schedule,
         threads: job.threads,
@@ -216,17 +276,46 @@ fn compare_on_rank(
             last_report = Instant::now();
         }
     };
-    let Some(gathered) = dp::run(comm, &mut scorer, work, None, on_results)? else {
+    let Some(gathered) = dp::run(comm, &mut scorer, work, Some(&mut ledger), on_results)? else {
         return Ok(None);
     };
-    finish(job, gathered, comm.size()).map(Some)
+    let run = run_info(job.cfg, &resume_plan, notes);
+    let ranks = comm.size();
+    finish(
+        job,
+        gathered,
+        Finished {
+            ranks,
+            run,
+            model_sha256,
+        },
+    )
+    .map(Some)
+}
+
+/// The run directory as `results.json` of `ppl eval` reports it.
+fn run_info(cfg: &EvalConfig, plan: &ResumePlan, notes: Vec<String>) -> RunInfo {
+    RunInfo {
+        dir: plan.run_dir.display().to_string(),
+        attempt: plan.attempt,
+        resumed: cfg.resume,
+        windows_from_ledger: plan.done.len(),
+        ledger_notes: notes,
+    }
+}
+
+/// What the scoring leaves to [`finish`] besides the windows.
+struct Finished {
+    ranks: usize,
+    run: RunInfo,
+    model_sha256: String,
 }
 
 /// Rank 0: the summary, the per-window rows and the base file.
 fn finish(
     job: &RankJob<'_>,
     gathered: Gathered<WindowPart>,
-    ranks: usize,
+    done: Finished,
 ) -> Result<CompareResults, EvalError> {
     let (cfg, setup, base, opts) = (job.cfg, job.setup, job.base, job.opts);
     let parts = gathered.results;
@@ -285,15 +374,16 @@ fn finish(
         base: base_side,
         model: Side {
             path: cfg.model.display().to_string(),
-            sha256: sha256(&cfg.model)?,
+            sha256: done.model_sha256,
             precision: cfg.precision,
             quantize: cfg.quantize,
         },
         summary: kld::summarize(&all_tokens),
         config: serde_json::to_value(cfg).expect("config serializes"),
         windows: window_rows,
-        ranks,
+        ranks: done.ranks,
         rank_stats: gathered.ranks,
+        run: Some(done.run),
         base_file,
         seconds: job.started.elapsed().as_secs_f64(),
     })

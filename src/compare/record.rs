@@ -11,9 +11,8 @@
 //! take well under a millisecond a window, against the hundreds of milliseconds its two
 //! forward passes take.
 //!
-//! A `WindowPart` is also a ledger record ([`crate::eval::ledger::load`] is generic), but
-//! `ppl compare` keeps no ledger yet: with stored rows a record would exceed the ledger's
-//! 1 MiB chunk limit.
+//! A `WindowPart` is also the ledger record of `ppl compare` (`--resume`): the ledger keeps
+//! the token comparisons, never the stored rows ([`Record::ledger_json`]).
 
 use serde::{Deserialize, Serialize};
 
@@ -71,6 +70,37 @@ impl Record for WindowPart {
                 .zip(&other.tokens)
                 .all(|(a, b)| token_bits(a) == token_bits(b))
             && row_bits(&self.stored) == row_bits(&other.stored)
+    }
+    /// As many tokens as the window scores; per token NLLs and a KLD that are not negative
+    /// (nor NaN) and a Δp within [-1, 1].
+    fn implausibility(&self, expected: usize) -> Option<String> {
+        if self.tokens.is_empty() || self.tokens.len() != expected {
+            return Some(format!(
+                "{} compared tokens where the window scores {expected}",
+                self.tokens.len()
+            ));
+        }
+        let plausible = |t: &TokenComparison| {
+            t.nll_base >= 0.0
+                && t.nll_model >= 0.0
+                && t.kld >= 0.0
+                && (-1.0..=1.0).contains(&t.delta_p)
+        };
+        let bad = self.tokens.iter().position(|t| !plausible(t))?;
+        Some(format!(
+            "token {bad}: a negative or NaN NLL or KLD, or a Δp outside [-1, 1]"
+        ))
+    }
+    /// Without the base's stored rows: a resumed comparison cannot save the base
+    /// (`--save-base` is refused with `--resume`), and the rows would make the ledger as large
+    /// as the base file.
+    fn ledger_json(&self) -> Vec<u8> {
+        let without_rows = WindowPart {
+            stored: None,
+            tokens: self.tokens.clone(),
+            ..*self
+        };
+        serde_json::to_vec(&without_rows).expect("records serialize")
     }
 }
 
@@ -255,6 +285,7 @@ mod tests {
             tokenizer_sha256: "t".into(),
             config: "{}".into(),
             windows: 5,
+            base: Some("sha256 b, precision f32".into()),
         };
         let p = part(64, Some(3));
         let mut w = LedgerWriter::create(dir.path(), 0, 0, binding.clone()).unwrap();
@@ -263,7 +294,21 @@ mod tests {
         let (got, notes) = ledger::load::<WindowPart>(dir.path(), &binding).unwrap();
         assert!(notes.is_empty());
         assert_eq!(got.len(), 1);
-        assert!(got[0].same_values(&p));
+        // The ledger keeps the token comparisons bit for bit, never the stored rows.
+        let without_rows = WindowPart {
+            stored: None,
+            ..p.clone()
+        };
+        assert!(got[0].same_values(&without_rows));
+        assert_eq!(got[0].stored, None);
+        assert_eq!(ledger::check_record(dir.path(), &got[0], 64).ok(), Some(()));
+        assert!(matches!(
+            ledger::check_record(dir.path(), &got[0], 63),
+            Err(LedgerError::Implausible { index: 3, .. })
+        ));
+        let mut negative = without_rows.clone();
+        negative.tokens[9].nll_model = -1.0;
+        assert!(negative.implausibility(64).unwrap().contains("token 9"));
         // Another attempt that recorded other values for the window is refused.
         let mut other = p.clone();
         other.tokens[0].kld += 1.0;

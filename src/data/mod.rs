@@ -1,14 +1,16 @@
 //! Data: reading the evaluation text ([`read_text`], and the record-based sources of
 //! [`source`]), splitting it into documents ([`documents`]) and cutting token streams into
-//! scored windows ([`windows`]).
+//! scored windows ([`windows`]); the word count of word perplexity ([`words`]).
 
 pub mod source;
 pub mod windows;
+pub mod words;
 
 use std::path::{Path, PathBuf};
 
 pub use source::{load, Data};
 pub use windows::{Method, Window, WindowPlan};
+pub use words::count_words;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DataError {
@@ -92,12 +94,6 @@ impl<'a> Document<'a> {
             bytes: text.len() as u64,
         }
     }
-}
-
-/// Python's `len(re.split(r"\s+", s))`: one more than the number of whitespace runs
-/// (leading and trailing runs included, as lm-eval counts them; Python's whitespace).
-pub fn count_words(s: &str) -> u64 {
-    crate::task::wikitext::count_words(s)
 }
 
 /// Whether a line is a top-level wikitext heading such as ` = Robert Boulter = `.

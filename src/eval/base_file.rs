@@ -184,6 +184,7 @@ mod tests {
                 tokenizer_sha256: "t".into(),
                 config: "{}".into(),
                 windows: 2,
+                base: None,
             },
             hidden: 8,
             tokens: 6,

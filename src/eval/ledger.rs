@@ -31,8 +31,11 @@ use super::{Record, WindowResult};
 
 const MAGIC: &[u8; 8] = b"PPLLEDG1";
 const VERSION: u32 = 1;
-/// Largest record or header accepted (a window record is a few hundred bytes).
-const MAX_CHUNK: usize = 1 << 20;
+/// Largest record or header accepted. An eval window's record is a few hundred bytes; a
+/// comparison's carries about 90 bytes per scored token (a 64k-token window: under 6 MiB).
+/// Records are read from memory and checked against the file's length, so the bound only
+/// stops a damaged length from being believed.
+const MAX_CHUNK: usize = 64 << 20;
 
 /// What a ledger's records are valid for.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -45,6 +48,10 @@ pub struct Binding {
     pub config: String,
     /// Windows in the run.
     pub windows: usize,
+    /// What `ppl compare` compares with (the base's fingerprint and precision); absent for
+    /// `ppl eval`, whose ledgers written before comparisons kept ledgers still resume.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base: Option<String>,
 }
 
 impl Binding {
@@ -64,6 +71,8 @@ impl Binding {
             &now.tokenizer_sha256,
         );
         cmp("scoring options", &self.config, &now.config);
+        let base = |b: &Option<String>| b.clone().unwrap_or_else(|| "none (ppl eval)".into());
+        cmp("base", &base(&self.base), &base(&now.base));
         cmp(
             "windows",
             &self.windows.to_string(),
@@ -88,9 +97,9 @@ pub enum LedgerError {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("{path} is not a ppl ledger ({detail}); --resume takes a run directory written by `ppl eval --run-dir`")]
+    #[error("{path} is not a ppl ledger ({detail}); --resume takes a run directory written by `ppl eval` or `ppl compare`")]
     NotALedger { path: PathBuf, detail: String },
-    #[error("{path} belongs to a different evaluation: {}; resume with the same model, data and scoring options, or start a new run directory", differences.join("; "))]
+    #[error("{path} belongs to a different evaluation: {}; resume with what the run was started with (its model, base, data and scoring options; `--resume DIR` alone reuses them), or start a new run directory", differences.join("; "))]
     Foreign {
         path: PathBuf,
         differences: Vec<String>,
@@ -176,10 +185,11 @@ impl LedgerWriter {
         &self.path
     }
 
-    /// Appends each record (one `write` each), fsyncing when the interval has passed.
-    pub fn append<R: Serialize>(&mut self, records: &[R]) -> Result<()> {
+    /// Appends each record (one `write` each, in its ledger form), fsyncing when the interval
+    /// has passed.
+    pub fn append<R: Record>(&mut self, records: &[R]) -> Result<()> {
         for r in records {
-            let bytes = chunk(&serde_json::to_vec(r).expect("records serialize"));
+            let bytes = chunk(&r.ledger_json());
             self.file.write_all(&bytes).map_err(io(&self.path))?;
             self.records += 1;
         }
@@ -276,46 +286,18 @@ pub(crate) fn next_chunk<'a>(bytes: &'a [u8], pos: &mut usize, max: usize) -> Op
 /// (e^1e6 is no finite PPL), small enough that sums of squares fit the fixed-point integers.
 pub const MAX_TOKEN_NLL: f64 = 1e6;
 
-/// Checks that a record read back from a ledger could have been written by a run of this plan:
-/// as many tokens as the window scores (`expected`), non-negative sums (an NLL is never
-/// negative), no more than [`MAX_TOKEN_NLL`] per token, and a sum of squares consistent with the
-/// sum (Σx² ≥ (Σx)²/n). The CRC only proves the bytes were not torn, not that they are true.
-pub fn check_record(dir: &Path, r: &WindowResult, expected: usize) -> Result<()> {
-    use crate::eval::accumulator::{from_fixed, to_fixed};
-    let bad = |detail: String| {
-        Err(LedgerError::Implausible {
+/// Checks that a record read back from a ledger could have been written by a run of this plan
+/// ([`Record::implausibility`], with `expected` scored tokens): the CRC only proves the bytes
+/// were not torn, not that they are true.
+pub fn check_record<R: Record>(dir: &Path, r: &R, expected: usize) -> Result<()> {
+    match r.implausibility(expected) {
+        None => Ok(()),
+        Some(detail) => Err(LedgerError::Implausible {
             dir: dir.to_path_buf(),
-            index: r.index,
+            index: r.index(),
             detail,
-        })
-    };
-    let a = &r.acc;
-    if a.count == 0 || a.count as usize != expected {
-        return bad(format!(
-            "{} scored tokens where the window scores {expected}",
-            a.count
-        ));
+        }),
     }
-    if a.sum < 0 || a.sum_sq < 0 {
-        return bad("a negative NLL sum".into());
-    }
-    let n = i128::from(a.count);
-    if a.sum > n.saturating_mul(to_fixed(MAX_TOKEN_NLL)) {
-        return bad(format!(
-            "an NLL sum of {} over {} tokens (more than {MAX_TOKEN_NLL} nats a token)",
-            from_fixed(a.sum),
-            a.count
-        ));
-    }
-    let (sum, sum_sq) = (from_fixed(a.sum), from_fixed(a.sum_sq));
-    // Each token's square was rounded once to 2^-64: allow that much, relative and absolute.
-    if sum * sum / a.count as f64 > sum_sq * (1.0 + 1e-9) + 1e-9 {
-        return bad(format!(
-            "a sum of squares {sum_sq} smaller than (sum {sum})² / {} tokens allows",
-            a.count
-        ));
-    }
-    Ok(())
 }
 
 /// Ledger files of a run directory, in name order.
@@ -414,6 +396,7 @@ mod tests {
             tokenizer_sha256: "t".into(),
             config: "{}".into(),
             windows: 10,
+            base: None,
         }
     }
 

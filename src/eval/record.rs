@@ -7,6 +7,8 @@
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use super::accumulator::{from_fixed, to_fixed};
+use super::ledger::MAX_TOKEN_NLL;
 use super::WindowResult;
 
 /// One window's outcome as it travels between ranks and into the ledger. The JSON form must
@@ -23,6 +25,13 @@ pub trait Record: Serialize + DeserializeOwned + Send + 'static {
     /// Whether two records of one window hold the same values (the stamps aside): a ledger
     /// holding two different records of a window mixes two evaluations.
     fn same_values(&self, other: &Self) -> bool;
+    /// Why a record read back from a ledger could not have been written by a run whose plan
+    /// scores `expected` tokens in this window (`None`: plausible).
+    fn implausibility(&self, expected: usize) -> Option<String>;
+    /// The record as the ledger keeps it (by default all of it).
+    fn ledger_json(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("records serialize")
+    }
 }
 
 impl Record for WindowResult {
@@ -41,6 +50,38 @@ impl Record for WindowResult {
     }
     fn same_values(&self, other: &Self) -> bool {
         self.acc == other.acc
+    }
+    /// As many tokens as the window scores, non-negative sums (an NLL is never negative), no
+    /// more than [`MAX_TOKEN_NLL`] per token, and a sum of squares consistent with the sum
+    /// (Σx² ≥ (Σx)²/n).
+    fn implausibility(&self, expected: usize) -> Option<String> {
+        let a = &self.acc;
+        if a.count == 0 || a.count as usize != expected {
+            return Some(format!(
+                "{} scored tokens where the window scores {expected}",
+                a.count
+            ));
+        }
+        if a.sum < 0 || a.sum_sq < 0 {
+            return Some("a negative NLL sum".into());
+        }
+        let n = i128::from(a.count);
+        if a.sum > n.saturating_mul(to_fixed(MAX_TOKEN_NLL)) {
+            return Some(format!(
+                "an NLL sum of {} over {} tokens (more than {MAX_TOKEN_NLL} nats a token)",
+                from_fixed(a.sum),
+                a.count
+            ));
+        }
+        let (sum, sum_sq) = (from_fixed(a.sum), from_fixed(a.sum_sq));
+        // Each token's square was rounded once to 2^-64: allow that much, relative and absolute.
+        if sum * sum / a.count as f64 > sum_sq * (1.0 + 1e-9) + 1e-9 {
+            return Some(format!(
+                "a sum of squares {sum_sq} smaller than (sum {sum})² / {} tokens allows",
+                a.count
+            ));
+        }
+        None
     }
 }
 

@@ -85,6 +85,14 @@ pub struct RunSummary {
     pub windows_total: Option<usize>,
     /// `model.path` of the saved configuration.
     pub model: Option<String>,
+    /// The command that resumes it: `ppl compare` when its ledgers name a base, else `ppl eval`.
+    pub command: &'static str,
+}
+
+/// Any ledger record's window index (eval's and compare's records both carry one).
+#[derive(serde::Deserialize)]
+struct IndexOnly {
+    index: usize,
 }
 
 /// The run directories under `root`, newest first. Unreadable entries are skipped: this is a
@@ -109,6 +117,7 @@ fn summarize(dir: &Path) -> RunSummary {
         .unwrap_or(SystemTime::UNIX_EPOCH);
     let mut done = std::collections::BTreeSet::new();
     let mut total = None;
+    let mut command = "ppl eval";
     for file in ledger::files(dir).unwrap_or_default() {
         if let Ok(t) = std::fs::metadata(&file).and_then(|m| m.modified()) {
             modified = modified.max(t);
@@ -116,8 +125,11 @@ fn summarize(dir: &Path) -> RunSummary {
         let Ok(bytes) = std::fs::read(&file) else {
             continue;
         };
-        if let Ok(c) = ledger::parse(&file, &bytes) {
+        if let Ok(c) = ledger::parse_records::<IndexOnly>(&file, &bytes) {
             total = Some(c.header.binding.windows);
+            if c.header.binding.base.is_some() {
+                command = "ppl compare";
+            }
             done.extend(c.records.iter().map(|r| r.index));
         }
     }
@@ -130,6 +142,7 @@ fn summarize(dir: &Path) -> RunSummary {
         windows_done: done.len(),
         windows_total: total,
         model,
+        command,
     }
 }
 

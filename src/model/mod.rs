@@ -12,6 +12,7 @@
 
 pub mod arch;
 pub mod block_tensors;
+pub mod config;
 pub mod device;
 pub mod fetch;
 pub mod file;
@@ -31,9 +32,10 @@ pub mod synth;
 pub mod tokenizer_meta;
 
 pub use arch::Arch;
+pub use config::LlamaConfig;
 pub use device::{DeviceError, DeviceSpec};
 pub use gguf::{GgufError, GgufFile};
-pub use llama::{Collectives, Kernels, Llama, LlamaConfig};
+pub use llama::{Collectives, Kernels, Llama};
 pub use quantize::{Quantize, Scheme};
 pub use shard::Partition;
 

@@ -15,8 +15,9 @@ use std::ops::Range;
 use candle_core::quantized::GgmlDType;
 
 use super::block_tensors::BlockTensors;
+use super::config::LlamaConfig;
 use super::gguf::GgufFile;
-use super::{LlamaConfig, ModelError};
+use super::ModelError;
 
 type Result<T> = std::result::Result<T, ModelError>;
 

@@ -92,38 +92,37 @@ fn the_forward_pass_returns_a_hooks_comm_error_unchanged() {
     assert_eq!(e.to_string(), timeout().to_string());
 }
 
-#[test]
-fn a_lost_or_garbled_ring_peer_surfaces_as_its_comm_error() {
-    let dir = tempfile::tempdir().unwrap();
-    let model = crate::test_util::tiny_llama(dir.path());
+/// Rank 0 of `world` runs the tiny model's layers over a context-parallel ring of two, whose
+/// other member is `world[1]`: the error that ends it.
+fn ring_layers_error(model: &crate::model::Llama, world: &[local::LocalComm]) -> RunError {
     let dims = ParallelDims {
         cp: 2,
         ..ParallelDims::default()
     };
     let layout = ChunkLayout::new(2, 8).unwrap();
+    let metered = Metered::new(&world[0]);
+    let runner = StageRunner::new(&metered, dims, model, &[], CommDtype::F32);
+    let ring = Ring::new(&runner.cp, layout, CommDtype::F32, &runner.ring);
+    runner
+        .model_call_with(Some(&ring), |cc| model.run_layers(Some(hidden(4)), cc))
+        .unwrap_err()
+}
+
+#[test]
+fn a_lost_or_garbled_ring_peer_surfaces_as_its_comm_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = crate::test_util::tiny_llama(dir.path());
 
     // The peer is gone.
     let world = local::world(2);
     world[1].abort("rank 1 is gone");
-    let metered = Metered::new(&world[0]);
-    let runner = StageRunner::new(&metered, dims, &model, &[], CommDtype::F32);
-    let ring = Ring::new(&runner.cp, layout, CommDtype::F32, &runner.ring);
-    let e = runner
-        .model_call_with(Some(&ring), |cc| model.run_layers(Some(hidden(4)), cc))
-        .unwrap_err();
-    assert_rank_1_failed(&e);
+    assert_rank_1_failed(&ring_layers_error(&model, &world));
 
     // The peer sends a key/value block of the wrong size: a protocol error naming it.
     let world = local::world(2);
     let peer = Group::new(&world[1], vec![0, 1], base::CONTEXT_PARALLEL);
     peer.send(0, 1, vec![0u8; 12]).unwrap();
-    let metered = Metered::new(&world[0]);
-    let runner = StageRunner::new(&metered, dims, &model, &[], CommDtype::F32);
-    let ring = Ring::new(&runner.cp, layout, CommDtype::F32, &runner.ring);
-    let e = runner
-        .model_call_with(Some(&ring), |cc| model.run_layers(Some(hidden(4)), cc))
-        .unwrap_err();
-    match e {
+    match ring_layers_error(&model, &world) {
         RunError::Comm(CommError::Protocol { from: 1, detail }) => {
             assert!(detail.contains("a key/value block of 6 bytes"), "{detail}")
         }

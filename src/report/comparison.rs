@@ -2,14 +2,15 @@
 //! fingerprints, llama.cpp's KL-divergence summary, per-window rows, the base file used, and
 //! per-rank figures. Rendered as text by [`super::comparison_text`].
 //!
-//! Every figure but `seconds`, `config`, `ranks`, `rank_stats`, `base` and `base_file` is
-//! bit-identical whatever the world size, schedule or batch size.
+//! Every figure but `seconds`, `config`, `ranks`, `rank_stats`, `run`, `base` and `base_file`
+//! is bit-identical whatever the world size, schedule or batch size, and after a resume.
 
 use serde::{Deserialize, Serialize};
 
 use crate::eval::kld::Summary;
 use crate::model::{Precision, Quantize};
 use crate::parallel::data_parallel::RankStats;
+use crate::report::RunInfo;
 
 /// One side of the comparison.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -58,6 +59,10 @@ pub struct CompareResults {
     /// Per-rank figures (windows, tokens, compute/communication/idle seconds), by rank.
     #[serde(default)]
     pub rank_stats: Vec<RankStats>,
+    /// The run directory and its ledger (`--resume`); absent in comparisons written before
+    /// comparisons kept a ledger.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<RunInfo>,
     pub base_file: Option<BaseFileUse>,
     pub seconds: f64,
 }

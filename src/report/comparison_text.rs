@@ -75,6 +75,14 @@ pub fn render(r: &CompareResults) -> String {
             f.bytes_per_token
         );
     }
+    if let Some(run) = r.run.as_ref().filter(|run| run.resumed) {
+        out += &format!(
+            "Resumed from {}: {} windows from the ledger, {} compared now\n",
+            run.dir,
+            run.windows_from_ledger,
+            r.windows.len().saturating_sub(run.windows_from_ledger)
+        );
+    }
     out += "\n====== Token probability statistics ======\n";
     out += &format!(
         "Mean    Δp: {:>9.3} ± {:.3} %\n",

@@ -141,8 +141,13 @@ impl EvalConfig {
 }
 
 /// Display and testing options that are not part of the scoring configuration.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct RunOptions {
+    /// The command a stopped run resumes with (`ppl eval`, `ppl compare`), for the messages.
+    pub command: &'static str,
+    /// Other files saved beside `config.yaml` in a new run directory, as (name, text): what
+    /// else `--resume DIR` alone needs (`ppl compare`'s base).
+    pub saved_files: Vec<(&'static str, String)>,
     pub progress: Option<ProgressMode>,
     pub print_chunks: bool,
     /// Testing aid: give one rank a different data file (`--debug-rank-data R=PATH`), to
@@ -153,6 +158,20 @@ pub struct RunOptions {
     pub config_yaml: Option<String>,
     /// `--oversubscribe`: allow more local ranks than [`crate::preflight::local_rank_limit`].
     pub oversubscribe: bool,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        Self {
+            command: "ppl eval",
+            saved_files: Vec::new(),
+            progress: None,
+            print_chunks: false,
+            rank_data: None,
+            config_yaml: None,
+            oversubscribe: false,
+        }
+    }
 }
 
 /// What rank `rank` of mesh `dims` holds of the model `mc`.

@@ -61,6 +61,7 @@ pub fn run_rank(
         tokenizer_sha256: setup.tok.fingerprint.clone(),
         config: cfg.values_json(&dims),
         windows: plan.windows.len(),
+        base: None,
     };
     let (resume_plan, done, notes) = resume::agree(comm, cfg, setup, &binding, inputs.opts)?;
     let done_set: HashSet<usize> = resume_plan.done.iter().copied().collect();

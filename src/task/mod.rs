@@ -144,7 +144,7 @@ pub fn prepare_documents(
                     let target = wikitext::detokenize(page);
                     Ok(PreparedDocument {
                         ids: lm_eval_encode(tok, &target, &prefix_text)?,
-                        words: wikitext::count_words(page),
+                        words: crate::data::count_words(page),
                         bytes: page.len() as u64,
                     })
                 })

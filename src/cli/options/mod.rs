@@ -14,8 +14,12 @@
 //! - the YAML of `ppl config show` and of the run directory's `config.yaml` ([`write_yaml`]).
 //!
 //! The clap-derived fields of [`EvalArgs`](super::EvalArgs) still give each flag its Rust type,
-//! short name and value parser; the tests check that the table and clap agree flag for flag.
+//! short name and value parser; the tests check that the table and clap agree flag for flag,
+//! and that every row is classified for the two bindings of a run (what ranks agree on, what a
+//! ledger is bound to) with the classification checked option by option.
 
+#[cfg(test)]
+mod binding_tests;
 mod table;
 #[cfg(test)]
 mod tests;

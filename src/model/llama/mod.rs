@@ -16,7 +16,6 @@
 //! selection of them onto the vocabulary. Each window in a batch is independent (causal mask
 //! per window, per-row matmuls), so a window's logits do not depend on its batch-mates.
 
-mod config;
 mod layers;
 mod linear;
 mod load;
@@ -33,7 +32,7 @@ use crate::model::{ModelError, Precision};
 
 pub(super) type Result<T> = std::result::Result<T, ModelError>;
 
-pub use config::LlamaConfig;
+pub use crate::model::config::LlamaConfig;
 use layers::*;
 pub use layers::{AllGather, AllReduce, Collectives};
 use linear::*;

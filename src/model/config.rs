@@ -1,10 +1,12 @@
 //! [`LlamaConfig`]: the hyper-parameters of the five families, read from GGUF metadata.
+//! Below both the layers (`model::llama`) and the sharding plan (`model::shard`), which
+//! each read it.
 
 use crate::model::arch::{Arch, SUPPORTED_ARCHITECTURES};
 use crate::model::gguf::GgufFile;
 use crate::model::ModelError;
 
-use super::*;
+type Result<T> = std::result::Result<T, ModelError>;
 
 /// Hyper-parameters, read from `{arch}.*` metadata.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]

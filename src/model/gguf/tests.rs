@@ -1,0 +1,155 @@
+//! The reader against GGUF images built in memory ([`build_gguf`], also used by other
+//! modules' tests): values read back, every truncation an error, bad files named.
+
+use candle_core::Device;
+
+use super::*;
+
+/// Builds a small GGUF image in memory: metadata and F32 tensors.
+pub(crate) fn build_gguf(kv: &[(&str, Value)], tensors: &[(&str, Vec<u64>, Vec<f32>)]) -> Vec<u8> {
+    fn put_str(out: &mut Vec<u8>, s: &str) {
+        out.extend_from_slice(&(s.len() as u64).to_le_bytes());
+        out.extend_from_slice(s.as_bytes());
+    }
+    fn put_value(out: &mut Vec<u8>, v: &Value) {
+        match v {
+            Value::U32(x) => out.extend_from_slice(&x.to_le_bytes()),
+            Value::F32(x) => out.extend_from_slice(&x.to_le_bytes()),
+            Value::Bool(b) => out.push(*b as u8),
+            Value::String(s) => put_str(out, s),
+            Value::Array(items) => {
+                out.extend_from_slice(&type_id(&items[0]).to_le_bytes());
+                out.extend_from_slice(&(items.len() as u64).to_le_bytes());
+                for i in items {
+                    put_value(out, i);
+                }
+            }
+            other => panic!("test builder does not write {other:?}"),
+        }
+    }
+    fn type_id(v: &Value) -> u32 {
+        match v {
+            Value::U32(_) => 4,
+            Value::F32(_) => 6,
+            Value::Bool(_) => 7,
+            Value::String(_) => 8,
+            Value::Array(_) => 9,
+            _ => unreachable!(),
+        }
+    }
+    let mut out = b"GGUF".to_vec();
+    out.extend_from_slice(&3u32.to_le_bytes());
+    out.extend_from_slice(&(tensors.len() as u64).to_le_bytes());
+    out.extend_from_slice(&(kv.len() as u64).to_le_bytes());
+    for (k, v) in kv {
+        put_str(&mut out, k);
+        out.extend_from_slice(&type_id(v).to_le_bytes());
+        put_value(&mut out, v);
+    }
+    let mut offset = 0u64;
+    for (name, ne, data) in tensors {
+        put_str(&mut out, name);
+        out.extend_from_slice(&(ne.len() as u32).to_le_bytes());
+        for d in ne {
+            out.extend_from_slice(&d.to_le_bytes());
+        }
+        out.extend_from_slice(&0u32.to_le_bytes());
+        out.extend_from_slice(&offset.to_le_bytes());
+        offset += (data.len() as u64 * 4).div_ceil(32) * 32;
+    }
+    while !out.len().is_multiple_of(32) {
+        out.push(0);
+    }
+    for (_, _, data) in tensors {
+        for x in data {
+            out.extend_from_slice(&x.to_le_bytes());
+        }
+        while !out.len().is_multiple_of(32) {
+            out.push(0);
+        }
+    }
+    out
+}
+
+fn write(bytes: &[u8]) -> tempfile::NamedTempFile {
+    use std::io::Write;
+    let mut f = tempfile::NamedTempFile::new().unwrap();
+    f.write_all(bytes).unwrap();
+    f
+}
+
+fn sample() -> Vec<u8> {
+    build_gguf(
+        &[
+            ("general.architecture", Value::String("llama".into())),
+            ("llama.block_count", Value::U32(2)),
+            (
+                "tokenizer.ggml.tokens",
+                Value::Array(vec![Value::String("a".into()), Value::String("b".into())]),
+            ),
+        ],
+        &[("w", vec![4, 2], (0..8).map(|i| i as f32).collect())],
+    )
+}
+
+#[test]
+fn reads_metadata_and_tensor_values() {
+    let f = write(&sample());
+    let g = GgufFile::open(f.path()).unwrap();
+    assert_eq!(g.get_str("general.architecture", "").unwrap(), "llama");
+    assert_eq!(g.get_u64("llama.block_count", "").unwrap(), 2);
+    assert_eq!(
+        g.get_str_array("tokenizer.ggml.tokens", "").unwrap(),
+        vec!["a", "b"]
+    );
+    let t = g.qtensor("w", &[2, 4], &Device::Cpu).unwrap();
+    let v = t
+        .dequantize(&Device::Cpu)
+        .unwrap()
+        .to_vec2::<f32>()
+        .unwrap();
+    assert_eq!(v, vec![vec![0., 1., 2., 3.], vec![4., 5., 6., 7.]]);
+}
+
+#[test]
+fn every_truncation_is_an_error_not_a_panic() {
+    let bytes = sample();
+    for cut in 0..bytes.len() - 1 {
+        let f = write(&bytes[..cut]);
+        let err = GgufFile::open(f.path()).expect_err(&format!("cut at {cut}"));
+        let msg = err.to_string();
+        assert!(msg.contains(&f.path().display().to_string()), "{msg}");
+    }
+}
+
+#[test]
+fn wrong_magic_and_shape_and_type_are_named() {
+    let f = write(b"PK\x03\x04 this is a zip file, not a model");
+    let msg = GgufFile::open(f.path()).unwrap_err().to_string();
+    assert!(msg.contains("is not a GGUF file"), "{msg}");
+
+    let f = write(&sample());
+    let g = GgufFile::open(f.path()).unwrap();
+    let msg = g
+        .qtensor("w", &[4, 2], &Device::Cpu)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("tensor 'w' has shape [2, 4], expected [4, 2]"),
+        "{msg}"
+    );
+
+    // Rewrite the type id of tensor 'w' (the u32 after its dims) to IQ2_XXS (16).
+    let mut bytes = sample();
+    let mut pattern = b"w".to_vec();
+    pattern.extend_from_slice(&2u32.to_le_bytes());
+    pattern.extend_from_slice(&4u64.to_le_bytes());
+    let pos = bytes
+        .windows(pattern.len())
+        .position(|w| w == pattern.as_slice());
+    let pos = pos.expect("tensor entry") + 1 + 4 + 16;
+    bytes[pos..pos + 4].copy_from_slice(&16u32.to_le_bytes());
+    let f = write(&bytes);
+    let msg = GgufFile::open(f.path()).unwrap_err().to_string();
+    assert!(msg.contains("tensor 'w' has type IQ2_XXS"), "{msg}");
+}
