@@ -213,6 +213,7 @@ pub fn main() -> ExitCode {
     // The kernels' instruction-set probe forks a child: done first, while the process is small,
     // has one thread and no MPI state (some MPI transports object to a fork after their start).
     crate::model::kernels::isa_choice();
+    crate::model::heap::tune_for_inference();
     match run(cli) {
         Ok(code) => code,
         Err(e) => {

@@ -19,6 +19,7 @@ pub mod file;
 pub mod finite;
 pub mod gguf;
 pub mod gguf_write;
+pub mod heap;
 pub mod hf;
 pub mod hf_write;
 pub mod kernels;
