@@ -64,8 +64,8 @@ fn tensor_bytes(t: &super::gguf::TensorInfo, precision: Precision) -> u64 {
         Precision::Native => match t.dtype {
             // Our Q4_1 kernel keeps d and m as f32: 24 bytes per 32 weights.
             GgmlDType::Q4_1 => elems / 32 * 24,
-            // Q5_0 and Q8_0 are decoded to 32 signed bytes and an f32 scale per block.
-            GgmlDType::Q5_0 | GgmlDType::Q8_0 => elems / 32 * 36,
+            // Q5_0 and Q8_0 are held as 32 signed bytes and an f16 scale per block.
+            GgmlDType::Q5_0 | GgmlDType::Q8_0 => elems / 32 * 34,
             // K-quants (rows of 256 multiples): 6-bit scales and mins unpacked to bytes.
             GgmlDType::Q4K if kquant_rows(t) => elems / 256 * 148,
             GgmlDType::Q5K if kquant_rows(t) => elems / 256 * 180,

@@ -7,11 +7,12 @@
 //! The level ([`isa`]) is what CPUID advertises, confirmed by executing the instructions in a
 //! child process (some machines advertise AVX-512 that traps), capped by `PPL_ISA`.
 //!
-//! - [`q4_1`] (Q4_1 × Q8_1) and [`int8`] (Q5_0 and Q8_0 × Q8_0): llama.cpp's CPU arithmetic
-//!   for quantized weights, as micro-kernels over panels of 8 activation rows ([`panel`]
-//!   quantizes the activations and drives them, blocked for L2). candle's Q4_1 and Q5_0
-//!   products are scalar on x86 (SmolLM2 Q4_1: 18 tokens/s; Gemma 3 Q4_K_M, mostly Q5_0:
-//!   12.7), its Q8_0 one per row; a per-row kernel of ours reached 93 tokens/s, the panels 240.
+//! - [`q4_1`] (Q4_1 × Q8_1): llama.cpp's CPU arithmetic for quantized weights, as
+//!   micro-kernels over panels of 8 activation rows ([`panel`] quantizes the activations and
+//!   drives them, blocked for L2). candle's Q4_1 and Q5_0 products are scalar on x86 (SmolLM2
+//!   Q4_1: 18 tokens/s; Gemma 3 Q4_K_M, mostly Q5_0: 12.7), its Q8_0 one per row.
+//! - [`int8`] (Q5_0 and Q8_0 × Q8_0): the weights repacked at load into interleaved groups of
+//!   sixteen rows of signed bytes, one 32-bit lane per output, on [`panel`]'s panels.
 //! - [`half`]: F16 weights (BF16 too, though [`own_matrix`] gives BF16 to [`bf16`]) kept
 //!   16-bit (candle widened them to f32 at load: twice the memory, and its f32 gemm),
 //!   multiplied by activations rounded to the weights' type as llama.cpp's `vec_dot_type`

@@ -153,6 +153,18 @@ pub fn matmul<K: PanelKernel>(w: &K, x: &[f32], m: usize) -> Vec<f32> {
     drive(m, n, 1, |p, j, out| out[0] = w.panel_row(a.panel(p), j))
 }
 
+/// `Σ q_a` of every block of every panel row, indexed as the panels' blocks.
+pub(crate) fn block_sums(a: &Panels, m: usize) -> Vec<i32> {
+    let per_panel = a.blocks_per_row() * PANEL;
+    let mut sums = vec![0i32; m.div_ceil(PANEL) * per_panel];
+    for (p, s) in sums.chunks_exact_mut(per_panel).enumerate() {
+        for (s, q) in s.iter_mut().zip(a.panel(p).qs) {
+            *s = q.iter().map(|&v| v as i32).sum();
+        }
+    }
+    sums
+}
+
 /// The `[m, n]` outputs of any panel format: `kernel(p, j, out)` writes the outputs of weight
 /// rows `j .. j + out.len()` (at most `group` of them) for the [`PANEL`] activation rows of
 /// panel `p` (outputs of rows past `m` are ignored).

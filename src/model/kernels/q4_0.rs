@@ -85,7 +85,7 @@ impl Q4_0Matrix {
         assert_eq!(x.len(), m * k, "activation shape");
         let isa = isa.min(super::isa());
         let a = Panels::quantize(x, m, k);
-        let sums = activation_sums(&a, m);
+        let sums = panel::block_sums(&a, m);
         let per_panel = (k / BLOCK) * PANEL;
         panel::drive(m, n, GROUP, |p, j, out| {
             let job = Job {
@@ -120,18 +120,6 @@ impl Q4_0Matrix {
         let len = (self.k / BLOCK) * GROUP_BLOCK_BYTES;
         &self.data[g * len..][..len]
     }
-}
-
-/// `Σ q_a` of every block of every panel row, indexed as the panels' blocks.
-fn activation_sums(a: &Panels, m: usize) -> Vec<i32> {
-    let per_panel = a.blocks_per_row() * PANEL;
-    let mut sums = vec![0i32; m.div_ceil(PANEL) * per_panel];
-    for (p, s) in sums.chunks_exact_mut(per_panel).enumerate() {
-        for (s, q) in s.iter_mut().zip(a.panel(p).qs) {
-            *s = q.iter().map(|&v| v as i32).sum();
-        }
-    }
-    sums
 }
 
 /// One group of weight rows against one panel.

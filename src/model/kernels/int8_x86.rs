@@ -1,0 +1,102 @@
+//! The x86 micro-kernels of [`super`]: one 32-bit lane per weight row of the group, so each
+//! output's whole-block integer sum forms in its own lane; the same exact integers and the
+//! same float operations per output as [`super::group_portable`].
+
+use super::{Job, GROUP, GROUP_BLOCK_BYTES, VALUES};
+use crate::model::kernels::panel::PANEL;
+use std::arch::x86_64::*;
+
+/// Four activation bytes of block `i`, from byte `4·t`, in every 32-bit lane: they meet
+/// weight values `4t..4t + 4` (run `t`).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn activation_word(job: &Job<'_>, i: usize, t: usize) -> i32 {
+    (job.a.qs.as_ptr().add(i) as *const u8)
+        .add(4 * t)
+        .cast::<i32>()
+        .read_unaligned()
+}
+
+/// Sixteen weight rows per 512-bit register; VNNI forms each lane's four products per run,
+/// `(q_w + 128)·q_a`, from a start of `−128·Σq_a`.
+///
+/// # Safety
+/// The CPU must support AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C; the job's lengths were
+/// checked by the caller.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(super) unsafe fn group_avx512(job: &Job<'_>) -> [[f32; PANEL]; GROUP] {
+    let bias = _mm512_set1_epi8(-128);
+    let mut acc = [_mm512_setzero_ps(); PANEL];
+    for b in 0..job.nb {
+        let src = job.group.as_ptr().add(b * GROUP_BLOCK_BYTES);
+        let dw = _mm512_cvtph_ps(_mm256_loadu_si256(src as *const __m256i));
+        let mut w = [_mm512_setzero_si512(); 8];
+        for (t, w) in w.iter_mut().enumerate() {
+            let raw = _mm512_loadu_si512(src.add(VALUES + 64 * t) as *const _);
+            *w = _mm512_xor_si512(raw, bias);
+        }
+        for (r, acc_r) in acc.iter_mut().enumerate() {
+            let i = b * PANEL + r;
+            let mut s = _mm512_set1_epi32(-128 * *job.sums.get_unchecked(i));
+            for (t, w) in w.iter().enumerate() {
+                let a = _mm512_set1_epi32(activation_word(job, i, t));
+                s = _mm512_dpbusd_epi32(s, *w, a);
+            }
+            let scale = _mm512_mul_ps(dw, _mm512_set1_ps(*job.a.d.get_unchecked(i)));
+            *acc_r = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(s), *acc_r);
+        }
+    }
+    let mut rows = [[0f32; GROUP]; PANEL];
+    for (row, acc) in rows.iter_mut().zip(&acc) {
+        _mm512_storeu_ps(row.as_mut_ptr(), *acc);
+    }
+    std::array::from_fn(|lane| std::array::from_fn(|r| rows[r][lane]))
+}
+
+/// Eight weight rows per 256-bit register (the group in two halves), four panel rows per
+/// pass; `maddubs` + `madd` form each lane's four products per run as `|q_w|` times `q_a`
+/// with `q_w`'s sign (no saturation: pairs stay below 2¹⁵).
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C; the job's lengths were checked by the caller.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn group_avx2(job: &Job<'_>) -> [[f32; PANEL]; GROUP] {
+    const ROWS: usize = 4;
+    let ones = _mm256_set1_epi16(1);
+    let mut out = [[0f32; PANEL]; GROUP];
+    for half in 0..2 {
+        for r0 in (0..PANEL).step_by(ROWS) {
+            let mut acc = [_mm256_setzero_ps(); ROWS];
+            for b in 0..job.nb {
+                let src = job.group.as_ptr().add(b * GROUP_BLOCK_BYTES);
+                let dw = _mm256_cvtph_ps(_mm_loadu_si128(src.add(16 * half) as *const __m128i));
+                let mut w = [_mm256_setzero_si256(); 8];
+                let mut abs = [_mm256_setzero_si256(); 8];
+                for t in 0..8 {
+                    w[t] =
+                        _mm256_loadu_si256(src.add(VALUES + 64 * t + 32 * half) as *const __m256i);
+                    abs[t] = _mm256_sign_epi8(w[t], w[t]);
+                }
+                for (dr, acc_r) in acc.iter_mut().enumerate() {
+                    let i = b * PANEL + r0 + dr;
+                    let mut s = _mm256_setzero_si256();
+                    for t in 0..8 {
+                        let a = _mm256_set1_epi32(activation_word(job, i, t));
+                        let pairs = _mm256_maddubs_epi16(abs[t], _mm256_sign_epi8(a, w[t]));
+                        s = _mm256_add_epi32(s, _mm256_madd_epi16(pairs, ones));
+                    }
+                    let scale = _mm256_mul_ps(dw, _mm256_set1_ps(*job.a.d.get_unchecked(i)));
+                    *acc_r = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(s), *acc_r);
+                }
+            }
+            for (dr, acc) in acc.iter().enumerate() {
+                let mut lanes = [0f32; 8];
+                _mm256_storeu_ps(lanes.as_mut_ptr(), *acc);
+                for (l, v) in lanes.iter().enumerate() {
+                    out[8 * half + l][r0 + dr] = *v;
+                }
+            }
+        }
+    }
+    out
+}
