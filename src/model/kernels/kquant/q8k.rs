@@ -106,7 +106,29 @@ fn nearest_int(v: f32) -> i32 {
 /// One super-block of 256 values: the values into `q`, the 16 sums of 16 into `sums`;
 /// returns `d`.
 pub(crate) fn quantize_super_block(x: &[f32], q: &mut [i8; QK_K], sums: &mut [i16; SUMS]) -> f32 {
+    quantize_super_block_with(super::super::isa(), x, q, sums)
+}
+
+/// [`quantize_super_block`] at instruction-set level `isa`, lowered to what this process may
+/// use: every level gives the same bits (tests run each).
+pub(crate) fn quantize_super_block_with(
+    isa: super::super::Isa,
+    x: &[f32],
+    q: &mut [i8; QK_K],
+    sums: &mut [i16; SUMS],
+) -> f32 {
     assert_eq!(x.len(), QK_K);
+    #[cfg(target_arch = "x86_64")]
+    if isa.min(super::super::isa()) >= super::super::Isa::Avx512 {
+        // SAFETY: AVX-512 F/BW/VL were detected and seen to execute; `x` holds QK_K values.
+        return unsafe { avx512::quantize_super_block(x, q, sums) };
+    }
+    let _ = isa;
+    quantize_super_block_portable(x, q, sums)
+}
+
+/// The definition, one value at a time (llama.cpp's `quantize_row_q8_K_ref`).
+fn quantize_super_block_portable(x: &[f32], q: &mut [i8; QK_K], sums: &mut [i16; SUMS]) -> f32 {
     let amax = x.iter().fold(0f32, |a, &v| a.max(v.abs()));
     // llama.cpp keeps the first value of largest magnitude (a strict `>` scan), sign included.
     let max = match x.iter().find(|v| v.abs() == amax) {
@@ -127,9 +149,102 @@ pub(crate) fn quantize_super_block(x: &[f32], q: &mut [i8; QK_K], sums: &mut [i1
     1.0 / iscale
 }
 
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::{QK_K, SUMS};
+    use std::arch::x86_64::*;
+
+    /// [`super::quantize_super_block_portable`] sixteen values per register: the same IEEE
+    /// product `iscale·x`, the same `nearest_int` bit trick and clamp per value, and exact
+    /// integer sums; the maximum is exact in any grouping (a NaN is skipped, as `f32::max`
+    /// skips it: `max_ps` returns its second operand, the running maximum, when either is
+    /// NaN), and the first value of that magnitude is found in index order. Profile of the
+    /// Llama-3.2-1B shape in Q6_K: the scalar loop was 5.7% of the run.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    pub(super) unsafe fn quantize_super_block(
+        x: &[f32],
+        q: &mut [i8; QK_K],
+        sums: &mut [i16; SUMS],
+    ) -> f32 {
+        let p = x.as_ptr();
+        let mut running = _mm512_setzero_ps();
+        for c in 0..SUMS {
+            running = _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(p.add(16 * c))), running);
+        }
+        let amax = _mm512_reduce_max_ps(running);
+        if amax == 0.0 || amax.is_nan() {
+            // `amax` is never NaN (NaNs were skipped); zero: the portable path's zero block.
+            q.fill(0);
+            sums.fill(0);
+            return 0.0;
+        }
+        let target = _mm512_set1_ps(amax);
+        let mut max = 0f32;
+        for c in 0..SUMS {
+            let v = _mm512_loadu_ps(p.add(16 * c));
+            let hit = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(_mm512_abs_ps(v), target);
+            if hit != 0 {
+                max = *x.get_unchecked(16 * c + hit.trailing_zeros() as usize);
+                break;
+            }
+        }
+        let iscale = -127.0 / max;
+        let scale = _mm512_set1_ps(iscale);
+        let magic = _mm512_set1_ps(12_582_912.0);
+        let mantissa = _mm512_set1_epi32(0x007F_FFFF);
+        let bias = _mm512_set1_epi32(0x0040_0000);
+        let ceiling = _mm512_set1_epi32(127);
+        let out = q.as_mut_ptr() as *mut __m128i;
+        for (c, sum) in sums.iter_mut().enumerate() {
+            let v = _mm512_mul_ps(scale, _mm512_loadu_ps(p.add(16 * c)));
+            let bits = _mm512_castps_si512(_mm512_add_ps(v, magic));
+            let n = _mm512_sub_epi32(_mm512_and_si512(bits, mantissa), bias);
+            let n = _mm512_min_epi32(n, ceiling);
+            // Truncating narrowing, as `as i8` (every value is in −127..127 here).
+            _mm_storeu_si128(out.add(c), _mm512_cvtepi32_epi8(n));
+            *sum = _mm512_reduce_add_epi32(n) as i16;
+        }
+        1.0 / iscale
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_level_quantizes_to_the_same_bits() {
+        use super::super::super::panel::tests::{available_isas, lcg};
+        let mut seed = 77u64;
+        let mut blocks: Vec<Vec<f32>> = (0..50)
+            .map(|i| {
+                let scale = [1e-3f32, 1.0, 300.0][i % 3];
+                (0..QK_K).map(|_| lcg(&mut seed) * scale).collect()
+            })
+            .collect();
+        // Ties of magnitude (the first wins, sign included), a zero block, halves to round.
+        let mut tie = vec![0.25f32; QK_K];
+        (tie[40], tie[41], tie[200]) = (-5.0, 5.0, -5.0);
+        blocks.push(tie);
+        blocks.push(vec![0.0; QK_K]);
+        blocks.push((0..QK_K).map(|i| (i as f32 - 128.0) * 0.5).collect());
+        let mut nan = vec![1.0f32; QK_K];
+        nan[3] = f32::NAN;
+        blocks.push(nan);
+        for (b, x) in blocks.iter().enumerate() {
+            let (mut q0, mut s0) = ([0i8; QK_K], [0i16; SUMS]);
+            let d0 = quantize_super_block_portable(x, &mut q0, &mut s0);
+            for isa in available_isas() {
+                let (mut q, mut s) = ([0i8; QK_K], [0i16; SUMS]);
+                let d = quantize_super_block_with(isa, x, &mut q, &mut s);
+                assert_eq!(
+                    (d.to_bits(), q, s),
+                    (d0.to_bits(), q0, s0),
+                    "{isa:?} block {b}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn quantization_follows_llama_cpp() {
