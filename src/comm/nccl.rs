@@ -70,9 +70,13 @@ impl NcclGroup {
         })
     }
 
-    /// The element-wise sum of `x` over the group, on every member (f32, bf16 or f16).
-    pub fn all_reduce_sum(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        x.contiguous()?.apply_op1_no_bwd(&AllReduceSum(self))
+    /// The element-wise sum of `x` over the group, on every member (f32, bf16 or f16). A
+    /// failure (NCCL's, or a tensor it cannot take) is a [`CommError`], so it leaves the
+    /// forward pass as `ModelError::Comm` like a host backend's.
+    pub fn all_reduce_sum(&self, x: &Tensor) -> Result<Tensor, CommError> {
+        x.contiguous()
+            .and_then(|x| x.apply_op1_no_bwd(&AllReduceSum(self)))
+            .map_err(|e| CommError::Transport(format!("NCCL tensor-parallel all-reduce: {e}")))
     }
 }
 
