@@ -323,6 +323,21 @@ pub(crate) mod avx512 {
     use super::panel::PANEL;
     use std::arch::x86_64::*;
 
+    /// The outputs `[weight row][panel row]` of an interleaved-rows kernel (Q4_0, Q8_0/Q5_0,
+    /// Q4_K, Q6_K) from its accumulators, one register per panel row and one lane per weight
+    /// row of the group of sixteen.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    pub(crate) unsafe fn lanes_to_outputs(acc: &[__m512; PANEL]) -> [[f32; PANEL]; 16] {
+        let mut rows = [[0f32; 16]; PANEL];
+        for (row, acc) in rows.iter_mut().zip(acc) {
+            _mm512_storeu_ps(row.as_mut_ptr(), *acc);
+        }
+        std::array::from_fn(|lane| std::array::from_fn(|r| rows[r][lane]))
+    }
+
     /// Per register `p`: the permutation spreading row `2p`'s scalar (of eight) over lanes
     /// 0..8 and row `2p + 1`'s over lanes 8..16.
     ///

@@ -47,11 +47,7 @@ pub(super) unsafe fn group_avx512(job: &Job<'_>) -> [[f32; PANEL]; GROUP] {
             *acc_r = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(s), *acc_r);
         }
     }
-    let mut rows = [[0f32; GROUP]; PANEL];
-    for (row, acc) in rows.iter_mut().zip(&acc) {
-        _mm512_storeu_ps(row.as_mut_ptr(), *acc);
-    }
-    std::array::from_fn(|lane| std::array::from_fn(|r| rows[r][lane]))
+    crate::model::kernels::avx512::lanes_to_outputs(&acc)
 }
 
 /// Eight weight rows per 256-bit register (the group in two halves), four panel rows per

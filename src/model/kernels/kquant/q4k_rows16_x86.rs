@@ -86,11 +86,11 @@ pub(super) unsafe fn group_avx512(job: &Job<'_>) -> [[f32; PANEL]; GROUP] {
             );
         }
     }
-    let mut rows = [[0f32; GROUP]; PANEL];
-    for (row, (acc, acc_min)) in rows.iter_mut().zip(acc.iter().zip(&acc_min)) {
-        _mm512_storeu_ps(row.as_mut_ptr(), _mm512_sub_ps(*acc, *acc_min));
+    let mut diff = acc;
+    for (d, m) in diff.iter_mut().zip(&acc_min) {
+        *d = _mm512_sub_ps(*d, *m);
     }
-    std::array::from_fn(|lane| std::array::from_fn(|r| rows[r][lane]))
+    crate::model::kernels::avx512::lanes_to_outputs(&diff)
 }
 
 /// Eight weight rows per 256-bit register (the group in two halves), four panel rows per
