@@ -200,7 +200,7 @@ impl Head<'_> {
             match self.isa.min(super::isa()) {
                 // SAFETY: AVX-512F, AVX2 and FMA were detected and seen to execute; the ranges
                 // are in bounds (keys ⊆ 0..cols, queries < t) and checked inside.
-                super::Isa::Avx512 | super::Isa::Avx512Bf16 => {
+                super::Isa::Avx512 | super::Isa::Avx512Bf16 | super::Isa::Amx => {
                     return unsafe { avx512::scores(self, first, live, keys, scores) }
                 }
                 // SAFETY: as above, for AVX2 and FMA.

@@ -19,7 +19,7 @@ pub(crate) fn exp_in_place_with(isa: super::Isa, xs: &mut [f32]) {
     {
         match isa.min(super::isa()) {
             // SAFETY: AVX-512F was detected and seen to execute.
-            super::Isa::Avx512 | super::Isa::Avx512Bf16 => {
+            super::Isa::Avx512 | super::Isa::Avx512Bf16 | super::Isa::Amx => {
                 return unsafe { avx512::exp_in_place(xs) }
             }
             // SAFETY: AVX2 and FMA were detected and seen to execute.
@@ -93,7 +93,7 @@ fn silu_mul_in_place_with(isa: super::Isa, gate: &mut [f32], up: &[f32]) {
             {
                 match isa {
                     // SAFETY: AVX-512F was detected and seen to execute; equal lengths.
-                    super::Isa::Avx512 | super::Isa::Avx512Bf16 => {
+                    super::Isa::Avx512 | super::Isa::Avx512Bf16 | super::Isa::Amx => {
                         return unsafe { avx512::silu_mul(gate, up) }
                     }
                     // SAFETY: AVX2 and FMA were detected and seen to execute; equal lengths.

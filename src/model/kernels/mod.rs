@@ -11,8 +11,10 @@
 //!   micro-kernels over panels of 8 activation rows ([`panel`] quantizes the activations and
 //!   drives them, blocked for L2). candle's Q4_1 and Q5_0 products are scalar on x86 (SmolLM2
 //!   Q4_1: 18 tokens/s; Gemma 3 Q4_K_M, mostly Q5_0: 12.7), its Q8_0 one per row.
-//! - [`int8`] (Q5_0 and Q8_0 × Q8_0): the weights repacked at load into interleaved groups of
-//!   sixteen rows of signed bytes, one 32-bit lane per output, on [`panel`]'s panels.
+//! - [`rows16`] (Q4_0, Q8_0, Q5_0 × Q8_0; Q4_K, Q6_K × Q8_K): one driver generic over the
+//!   block format; the weights repacked at load into interleaved groups of sixteen rows, one
+//!   32-bit lane (or tile column) per output, on [`panel`]'s panels; the AMX level multiplies
+//!   on the tile unit ([`rows16::tiles`]).
 //! - [`half`]: F16 weights (BF16 too, though [`own_matrix`] gives BF16 to [`bf16`]) kept
 //!   16-bit (candle widened them to f32 at load: twice the memory, and its f32 gemm),
 //!   multiplied by activations rounded to the weights' type as llama.cpp's `vec_dot_type`
@@ -25,13 +27,8 @@
 //!   SmolLM2 F32 export at 0.84× llama.cpp's speed).
 //! - [`half_driver`]: the threading and cache blocking shared by [`half`], [`bf16`] and
 //!   [`f32_weights`].
-//! - [`q4_0`] (Q4_0 × Q8_0): the weights repacked at load into interleaved groups of sixteen
-//!   rows (the file's bytes, reordered), one 32-bit lane per output, on [`panel`]'s panels.
-//! - [`kquant`] (Q4_K, Q5_K and Q6_K × Q8_K): the K-quant types of Q4_K_M / Q5_K_M / Q6_K
-//!   files, on the same panels and driver, holding about the file's bytes (candle repacks
-//!   them into a second copy of about 2.3–2.5× the file's bytes at the first product). Q4_K
-//!   and Q6_K are repacked at load into interleaved groups of sixteen rows as Q4_0 is
-//!   ([`kquant::q4k_rows16`], [`kquant::q6k_rows16`]); Q5_K keeps the panel kernel.
+//! - [`kquant`] (Q5_K × Q8_K, and the Q4_K/Q6_K panel kernels [`rows16`] replaced, kept as
+//!   the reference of their float order): the K-quant types on the same panels and driver.
 //! - [`attention`]: causal f32 attention computing only the visible keys, fused from scores to
 //!   values (candle's ops materialised four `[heads, t, t]` tensors per layer).
 //! - [`math`]: a vectorised exponential and SiLU gating (glibc's scalar `expf` was 5–7%).
@@ -47,12 +44,11 @@ pub mod f32_weights;
 pub mod gelu;
 pub mod half;
 pub mod half_driver;
-pub mod int8;
 pub mod kquant;
 pub mod math;
 pub mod panel;
-pub mod q4_0;
 pub mod q4_1;
+pub mod rows16;
 
 use std::sync::Arc;
 
@@ -91,13 +87,13 @@ pub fn own_matrix(
         {
             return None
         }
-        GgmlDType::Q4K => boxed(kquant::q4k_rows16::Q4KRows16::from_bytes(bytes, n, k)),
+        GgmlDType::Q4K => boxed(rows16::q4k::Q4KRows16::from_bytes(bytes, n, k)),
         GgmlDType::Q5K => boxed(kquant::q5k::Q5KMatrix::from_bytes(bytes, n, k)),
-        GgmlDType::Q6K => boxed(kquant::q6k_rows16::Q6KRows16::from_bytes(bytes, n, k)),
+        GgmlDType::Q6K => boxed(rows16::q6k::Q6KRows16::from_bytes(bytes, n, k)),
         GgmlDType::Q4_1 => boxed(q4_1::Q4_1Matrix::from_bytes(bytes, n, k)),
-        GgmlDType::Q5_0 => boxed(int8::Int8Matrix::from_q5_0(bytes, n, k)),
-        GgmlDType::Q8_0 => boxed(int8::Int8Matrix::from_q8_0(bytes, n, k)),
-        GgmlDType::Q4_0 => boxed(q4_0::Q4_0Matrix::from_bytes(bytes, n, k)),
+        GgmlDType::Q5_0 => boxed(rows16::q8_0::Q5_0Rows16::from_bytes(bytes, n, k)),
+        GgmlDType::Q8_0 => boxed(rows16::q8_0::Q8_0Rows16::from_bytes(bytes, n, k)),
+        GgmlDType::Q4_0 => boxed(rows16::q4_0::Q4_0Rows16::from_bytes(bytes, n, k)),
         GgmlDType::F16 => boxed(self::half::HalfMatrix::from_bytes(
             self::half::HalfType::F16,
             bytes,
@@ -149,6 +145,10 @@ pub enum Isa {
     /// AVX-512 BF16 on top of [`Isa::Avx512`]: only the BF16 kernel uses it (`vdpbf16ps`);
     /// every other kernel runs its AVX-512 path.
     Avx512Bf16,
+    /// AMX tiles (AMX-TILE and AMX-INT8, Sapphire Rapids and later) on top of
+    /// [`Isa::Avx512Bf16`]: the interleaved-rows kernels ([`rows16`]) multiply on the tile
+    /// unit (`tdpbssd`/`tdpbsud`); every other kernel runs its AVX-512 path.
+    Amx,
 }
 
 impl Isa {
@@ -158,6 +158,7 @@ impl Isa {
             Isa::Avx2 => "avx2",
             Isa::Avx512 => "avx512",
             Isa::Avx512Bf16 => "avx512bf16",
+            Isa::Amx => "amx",
         }
     }
 
@@ -167,6 +168,7 @@ impl Isa {
             "avx2" => Some(Isa::Avx2),
             "avx512" | "avx512vnni" | "avx512_vnni" => Some(Isa::Avx512),
             "avx512bf16" | "avx512_bf16" => Some(Isa::Avx512Bf16),
+            "amx" | "amx_int8" | "amx-int8" => Some(Isa::Amx),
             _ => None,
         }
     }
@@ -184,12 +186,28 @@ fn advertised() -> Isa {
         && is_x86_feature_detected!("avx512vl")
         && is_x86_feature_detected!("avx512vnni");
     let bf16 = avx512 && is_x86_feature_detected!("avx512bf16");
+    if bf16 && amx_advertised() {
+        return Isa::Amx;
+    }
     match (avx2, avx512, bf16) {
         (_, _, true) => Isa::Avx512Bf16,
         (_, true, false) => Isa::Avx512,
         (true, false, _) => Isa::Avx2,
         _ => Isa::Portable,
     }
+}
+
+/// CPUID leaf 7: AMX-TILE (EDX bit 24) and AMX-INT8 (bit 25). Read directly: the standard
+/// library's detection of AMX features is not stable.
+#[cfg(target_arch = "x86_64")]
+fn amx_advertised() -> bool {
+    use std::arch::x86_64::__cpuid_count;
+    // Leaf 7 is read only where the maximum leaf (leaf 0's EAX) reaches it.
+    if __cpuid_count(0, 0).eax < 7 {
+        return false;
+    }
+    let edx = __cpuid_count(7, 0).edx;
+    edx & (1 << 24) != 0 && edx & (1 << 25) != 0
 }
 
 #[cfg(not(target_arch = "x86_64"))]
@@ -201,6 +219,7 @@ impl Isa {
     /// The next level down.
     fn below(self) -> Isa {
         match self {
+            Isa::Amx => Isa::Avx512Bf16,
             Isa::Avx512Bf16 => Isa::Avx512,
             Isa::Avx512 => Isa::Avx2,
             _ => Isa::Portable,
@@ -273,7 +292,10 @@ impl IsaChoice {
 }
 
 /// The process-wide choice: CPUID, confirmed by running the instructions in a child process
-/// (see [`probe`]), capped by `PPL_ISA` (`portable`, `avx2`, `avx512`); detected once.
+/// (see [`probe`]), capped by `PPL_ISA` (`portable`, `avx2`, `avx512`, `avx512bf16`, `amx`);
+/// detected once. For AMX this also requests the tile-data permission (once per process,
+/// before any thread uses a tile) and checks the tile unit against the instructions'
+/// definitions.
 pub fn isa_choice() -> IsaChoice {
     use std::sync::OnceLock;
     static CHOICE: OnceLock<IsaChoice> = OnceLock::new();
@@ -391,8 +413,33 @@ mod probe {
             Isa::Avx512Bf16 => {
                 || unsafe { x86::avx2_works() && x86::avx512_works() && x86::avx512bf16_works() }
             }
+            Isa::Amx => || unsafe {
+                x86::avx2_works()
+                    && x86::avx512_works()
+                    && x86::avx512bf16_works()
+                    && x86::request_tile_data()
+                    && x86::amx_works()
+            },
         };
+        if level == Isa::Amx && !x86::request_tile_data() {
+            tracing::warn!(
+                "CPUID advertises AMX but the kernel refused the tile-data permission \
+                 (arch_prctl ARCH_REQ_XCOMP_PERM: {}); not using it",
+                std::io::Error::last_os_error()
+            );
+            return false;
+        }
         match run_child(child, std::time::Duration::from_secs(2)) {
+            Verdict::Clean if level == Isa::Amx => {
+                let same = crate::model::kernels::rows16::tiles::hardware_matches_definition();
+                if !same {
+                    tracing::warn!(
+                        "this CPU's AMX tile unit does not compute the known-answer program \
+                         as the instructions' definitions do; not using it"
+                    );
+                }
+                same
+            }
             Verdict::Clean => true,
             Verdict::Failed => {
                 tracing::debug!("the {} probe did not exit cleanly", level.name());
@@ -558,6 +605,63 @@ mod probe {
             black_box(_kand_mask16(all, _mm512_int2mask(low as i32 | 0xFF00))) == 0xFFFF
         }
 
+        /// Asks the kernel for permission to use AMX tile data in this process
+        /// (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`): Linux enables the large
+        /// tile state only on request, and a tile instruction before it raises SIGILL. The
+        /// permission is the process's (every thread's, forked children's too); asking again
+        /// is harmless. A raw system call: async-signal-safe, so also usable in the probe
+        /// child.
+        pub(super) fn request_tile_data() -> bool {
+            const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+            const XFEATURE_XTILEDATA: libc::c_long = 18;
+            #[cfg(target_os = "linux")]
+            // SAFETY: a system call with two integer arguments; no memory is passed.
+            return unsafe {
+                libc::syscall(
+                    libc::SYS_arch_prctl,
+                    ARCH_REQ_XCOMP_PERM,
+                    XFEATURE_XTILEDATA,
+                ) == 0
+            };
+            #[cfg(not(target_os = "linux"))]
+            false
+        }
+
+        /// A `tdpbssd` and a `tdpbsud` on stack data, checked (no allocation: this runs in the
+        /// probe's child). Row 0 of A is 1, 2, 3, 4, −1, 0, 0, 0; column 0 of B is 1, 1, 1, 1,
+        /// −1 (0xFF), 0, 0, 0 ⇒ signed 10 + 1 = 11, unsigned B 10 − 255 = −245.
+        ///
+        /// # Safety
+        /// The tile-data permission must be held; a CPU without AMX raises SIGILL.
+        pub(super) unsafe fn amx_works() -> bool {
+            use crate::model::kernels::rows16::tiles::{Hardware, TileConfig, Tiles};
+            let cfg = TileConfig::new([
+                (1, 4),
+                (1, 4),
+                (0, 0),
+                (0, 0),
+                (1, 8),
+                (0, 0),
+                (2, 4),
+                (0, 0),
+            ]);
+            let a: [u8; 8] = [1, 2, 3, 4, 0xFF, 0, 0, 0];
+            let b: [u8; 8] = [1, 1, 1, 1, 0xFF, 0, 0, 0];
+            let (mut ss, mut su) = ([0u8; 4], [0u8; 4]);
+            let mut t = Hardware;
+            t.configure(&cfg);
+            t.zero(0);
+            t.zero(1);
+            t.load(4, black_box(a.as_ptr()), 8);
+            t.load(6, black_box(b.as_ptr()), 4);
+            t.dp_ss(0, 4, 6);
+            t.dp_su(1, 4, 6);
+            t.store(0, ss.as_mut_ptr(), 4);
+            t.store(1, su.as_mut_ptr(), 4);
+            t.release();
+            i32::from_le_bytes(black_box(ss)) == 11 && i32::from_le_bytes(black_box(su)) == -245
+        }
+
         /// A zmm `vdpbf16ps`, checked: 1.5·2 + 1.0·3 added to 0.5 in every lane.
         #[target_feature(enable = "avx512f,avx512bf16")]
         pub(super) unsafe fn avx512bf16_works() -> bool {
@@ -575,8 +679,22 @@ mod probe {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// For tests that need the AMX level where this process does not run it: prints why the
+    /// test is skipped, or fails when `PPL_REQUIRE_AMX=1` (set by `.ci/run` where
+    /// `/proc/cpuinfo` lists `amx_int8`), so a CPU with AMX never skips silently.
+    pub(crate) fn amx_skipped(choice: &IsaChoice) {
+        let why = format!(
+            "SKIPPED: AMX not in use here, kernels: {}",
+            choice.summary()
+        );
+        if std::env::var("PPL_REQUIRE_AMX").is_ok_and(|v| v == "1") {
+            panic!("PPL_REQUIRE_AMX=1 but {why}");
+        }
+        eprintln!("{why}");
+    }
 
     #[test]
     fn the_level_is_the_highest_that_executes_under_the_cap() {
@@ -625,6 +743,20 @@ mod tests {
             Avx512
         );
         assert_eq!(Isa::parse("portable"), Some(Portable));
+        assert_eq!(Isa::parse("AMX"), Some(Amx));
+        // AMX that does not execute (no permission, a trap, a wrong known answer): the BF16
+        // level, said so; capped, it is not probed.
+        let c = IsaChoice::choose(Amx, None, |l| l < Amx);
+        assert_eq!(c.used, Avx512Bf16);
+        assert_eq!(
+            c.summary(),
+            "avx512bf16 (advertised: amx, amx does not execute)"
+        );
+        let c = IsaChoice::choose(Amx, Some(Avx512), |l| {
+            assert!(l <= Avx512);
+            true
+        });
+        assert_eq!(c.used, Avx512);
         assert_eq!(Isa::parse("sse"), None);
     }
 
@@ -634,7 +766,7 @@ mod tests {
         assert!(found.used <= found.advertised);
         assert_eq!(found.used, isa());
         // The level chosen (and the ones below it) passes its probe again.
-        for level in [Isa::Avx2, Isa::Avx512, Isa::Avx512Bf16] {
+        for level in [Isa::Avx2, Isa::Avx512, Isa::Avx512Bf16, Isa::Amx] {
             if level <= found.used {
                 assert!(probe::executes(level), "{level:?}");
             }

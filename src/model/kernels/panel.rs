@@ -108,7 +108,7 @@ pub(crate) fn quantize_block_with(isa: super::Isa, x: &[f32], q: &mut [i8; BLOCK
         match isa.min(super::isa()) {
             // SAFETY: AVX-512 F/BW/VL were detected and seen to execute; `x` holds BLOCK
             // values (asserted inside).
-            super::Isa::Avx512 | super::Isa::Avx512Bf16 => {
+            super::Isa::Avx512 | super::Isa::Avx512Bf16 | super::Isa::Amx => {
                 return unsafe { avx512::quantize_block(x, q) }
             }
             // SAFETY: AVX2 and FMA were detected and seen to execute.
@@ -322,7 +322,7 @@ pub(crate) mod tests {
     pub(crate) fn available_isas() -> Vec<super::super::Isa> {
         use super::super::Isa;
         let top = super::super::isa();
-        [Isa::Portable, Isa::Avx2, Isa::Avx512]
+        [Isa::Portable, Isa::Avx2, Isa::Avx512, Isa::Amx]
             .into_iter()
             .filter(|&l| l <= top)
             .collect()

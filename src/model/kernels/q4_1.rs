@@ -117,7 +117,7 @@ pub(crate) fn panel_row_with(
     {
         match isa.min(super::isa()) {
             // SAFETY: AVX-512 F/BW/VL/VNNI, AVX2 and FMA were detected and seen to execute.
-            super::Isa::Avx512 | super::Isa::Avx512Bf16 => {
+            super::Isa::Avx512 | super::Isa::Avx512Bf16 | super::Isa::Amx => {
                 return unsafe { avx512::panel_row(dm, qs, a) }
             }
             // SAFETY: AVX2 and FMA were detected and seen to execute.

@@ -26,10 +26,8 @@
 //! per 128 values of a row instead of four.
 
 pub mod q4k;
-pub mod q4k_rows16;
 pub mod q5k;
 pub mod q6k;
-pub mod q6k_rows16;
 pub mod q8k;
 #[cfg(test)]
 mod tests;

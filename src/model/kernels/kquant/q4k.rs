@@ -67,7 +67,9 @@ impl SuperBlock for Q4KBlock {
         match path(isa) {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `path` allows AVX-512 only where the CPU has it.
-            Isa::Avx512 | Isa::Avx512Bf16 => unsafe { simd::panel_rows_avx512(blocks, nb, a, out) },
+            Isa::Avx512 | Isa::Avx512Bf16 | Isa::Amx => unsafe {
+                simd::panel_rows_avx512(blocks, nb, a, out)
+            },
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `path` allows AVX2 only where the CPU has it (and FMA, F16C).
             Isa::Avx2 => unsafe { simd::panel_rows_avx2(blocks, nb, a, out) },
@@ -228,7 +230,7 @@ mod simd {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::super::tests::{check_dequantization, check_matmul, random_f16};
     use super::*;
     use candle_core::quantized::GgmlDType;
@@ -247,7 +249,7 @@ mod tests {
     }
 
     /// Value `e` of a super-block by the GGUF definition, in f64.
-    fn reference(blk: &[u8], e: usize) -> f64 {
+    pub(crate) fn reference(blk: &[u8], e: usize) -> f64 {
         let d = f16::from_le_bytes([blk[0], blk[1]]).to_f64();
         let dmin = f16::from_le_bytes([blk[2], blk[3]]).to_f64();
         let s = e / 32;

@@ -76,7 +76,9 @@ impl SuperBlock for Q5KBlock {
         match path(isa) {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `path` allows AVX-512 only where the CPU has it.
-            Isa::Avx512 | Isa::Avx512Bf16 => unsafe { simd::panel_rows_avx512(blocks, nb, a, out) },
+            Isa::Avx512 | Isa::Avx512Bf16 | Isa::Amx => unsafe {
+                simd::panel_rows_avx512(blocks, nb, a, out)
+            },
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `path` allows AVX2 only where the CPU has it (and FMA, F16C).
             Isa::Avx2 => unsafe { simd::panel_rows_avx2(blocks, nb, a, out) },

@@ -65,7 +65,9 @@ impl SuperBlock for Q6KBlock {
         match path(isa) {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `path` allows AVX-512 only where the CPU has it.
-            Isa::Avx512 | Isa::Avx512Bf16 => unsafe { simd::panel_rows_avx512(blocks, nb, a, out) },
+            Isa::Avx512 | Isa::Avx512Bf16 | Isa::Amx => unsafe {
+                simd::panel_rows_avx512(blocks, nb, a, out)
+            },
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `path` allows AVX2 only where the CPU has it (and FMA, F16C).
             Isa::Avx2 => unsafe { simd::panel_rows_avx2(blocks, nb, a, out) },
@@ -267,13 +269,13 @@ mod simd {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::super::tests::{check_dequantization, check_matmul, random_byte, random_f16};
     use super::*;
     use candle_core::quantized::GgmlDType;
 
     /// Random super-blocks: random values and signed scales (−128 included), a finite d.
-    fn random_q6k(n: usize, k: usize, seed: &mut u64) -> Vec<u8> {
+    pub(crate) fn random_q6k(n: usize, k: usize, seed: &mut u64) -> Vec<u8> {
         let mut bytes = Vec::new();
         for b in 0..n * k / QK_K {
             for i in 0..208 {
@@ -291,7 +293,7 @@ mod tests {
     }
 
     /// Value `e` of a super-block by the GGUF definition, in f64.
-    fn reference(blk: &[u8], e: usize) -> f64 {
+    pub(crate) fn reference(blk: &[u8], e: usize) -> f64 {
         let d = f16::from_le_bytes([blk[208], blk[209]]).to_f64();
         let scale = blk[192 + e / 16] as i8 as f64;
         let (h, l) = (e / 128, e % 32);

@@ -2,15 +2,17 @@
 //! output's sub-block sums form in its own lane; the same exact integers and the same float
 //! operations per output as [`super::group_portable`].
 
-use super::SUB_BLOCK_PAIRS;
-use super::{Job, DMIN, GROUP, GROUP_BLOCK_BYTES, MINS, NIBBLES, SCALES, SUB_BLOCKS};
+use super::super::tiles::{TileConfig, Tiles};
+use super::{GroupOut, Q4KJob, DMIN, GROUP, GROUP_BLOCK_BYTES, MINS, NIBBLES, SCALES, SUB_BLOCKS};
+use crate::model::kernels::kquant::q8k::SUB_BLOCK_PAIRS;
+use crate::model::kernels::kquant::QK_K;
 use crate::model::kernels::panel::PANEL;
 use std::arch::x86_64::*;
 
 /// Four activation bytes of panel entry `i` (super-block and row), from byte `at`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn activation_word(job: &Job<'_>, i: usize, at: usize) -> i32 {
+unsafe fn activation_word(job: &Q4KJob<'_>, i: usize, at: usize) -> i32 {
     (job.a.qs.as_ptr().add(i) as *const u8)
         .add(at)
         .cast::<i32>()
@@ -20,7 +22,7 @@ unsafe fn activation_word(job: &Job<'_>, i: usize, at: usize) -> i32 {
 /// Row `r`'s activation sums of sub-blocks `2t` and `2t + 1` of super-block `b`, as two i16.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn sub_block_sum_pair(job: &Job<'_>, b: usize, t: usize, r: usize) -> i32 {
+unsafe fn sub_block_sum_pair(job: &Q4KJob<'_>, b: usize, t: usize, r: usize) -> i32 {
     (job.a.sub_block_sums.as_ptr().add(b * SUB_BLOCK_PAIRS + t) as *const i16)
         .add(2 * r)
         .cast::<i32>()
@@ -34,10 +36,9 @@ unsafe fn sub_block_sum_pair(job: &Job<'_>, b: usize, t: usize, r: usize) -> i32
 /// The CPU must support AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C; the job's lengths were
 /// checked by the caller.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(super) unsafe fn group_avx512(job: &Job<'_>) -> [[f32; PANEL]; GROUP] {
+pub(super) unsafe fn group_avx512(job: &Q4KJob<'_>) -> GroupOut {
     let low = _mm512_set1_epi8(0x0F);
-    let mut acc = [_mm512_setzero_ps(); PANEL];
-    let mut acc_min = [_mm512_setzero_ps(); PANEL];
+    let mut acc = ([_mm512_setzero_ps(); PANEL], [_mm512_setzero_ps(); PANEL]);
     for b in 0..job.nb {
         let src = job.group.as_ptr().add(b * GROUP_BLOCK_BYTES);
         let mut sums = [_mm512_setzero_si512(); PANEL];
@@ -63,31 +64,54 @@ pub(super) unsafe fn group_avx512(job: &Job<'_>) -> [[f32; PANEL]; GROUP] {
                 *sum = _mm512_add_epi32(*sum, _mm512_mullo_epi32(t, scale));
             }
         }
-        let mut mins = [_mm512_setzero_si512(); PANEL];
-        for t in 0..SUB_BLOCK_PAIRS {
-            let min = |s: usize| {
-                _mm512_cvtepu8_epi32(_mm_loadu_si128(src.add(MINS + GROUP * s) as *const _))
-            };
-            let pair = _mm512_or_si512(min(2 * t), _mm512_slli_epi32::<16>(min(2 * t + 1)));
-            for (r, mins) in mins.iter_mut().enumerate() {
-                let a = _mm512_set1_epi32(sub_block_sum_pair(job, b, t, r));
-                *mins = _mm512_dpwssd_epi32(*mins, pair, a);
-            }
-        }
-        let dw = _mm512_cvtph_ps(_mm256_loadu_si256(src as *const __m256i));
-        let dmin = _mm512_cvtph_ps(_mm256_loadu_si256(src.add(DMIN) as *const __m256i));
-        for r in 0..PANEL {
-            let da = _mm512_set1_ps(*job.a.d.get_unchecked(b * PANEL + r));
-            acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(dw, da), _mm512_cvtepi32_ps(sums[r]), acc[r]);
-            acc_min[r] = _mm512_fmadd_ps(
-                _mm512_mul_ps(dmin, da),
-                _mm512_cvtepi32_ps(mins[r]),
-                acc_min[r],
-            );
+        accumulate_super_block(job, b, &sums, &mut acc);
+    }
+    outputs(&acc)
+}
+
+/// The float accumulators of the AVX-512 and AMX paths: `acc` and `acc_min` per panel row.
+type Accumulators = ([__m512; PANEL], [__m512; PANEL]);
+
+/// Super-block `b`'s mins terms (`vpdpwssd` of two sub-blocks' mins against the activation
+/// sums) and its float step on `sums` (the scaled integer sums per panel row).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn accumulate_super_block(
+    job: &Q4KJob<'_>,
+    b: usize,
+    sums: &[__m512i; PANEL],
+    (acc, acc_min): &mut Accumulators,
+) {
+    let src = job.group.as_ptr().add(b * GROUP_BLOCK_BYTES);
+    let mut mins = [_mm512_setzero_si512(); PANEL];
+    for t in 0..SUB_BLOCK_PAIRS {
+        let min =
+            |s: usize| _mm512_cvtepu8_epi32(_mm_loadu_si128(src.add(MINS + GROUP * s) as *const _));
+        let pair = _mm512_or_si512(min(2 * t), _mm512_slli_epi32::<16>(min(2 * t + 1)));
+        for (r, mins) in mins.iter_mut().enumerate() {
+            let a = _mm512_set1_epi32(sub_block_sum_pair(job, b, t, r));
+            *mins = _mm512_dpwssd_epi32(*mins, pair, a);
         }
     }
-    let mut diff = acc;
-    for (d, m) in diff.iter_mut().zip(&acc_min) {
+    let dw = _mm512_cvtph_ps(_mm256_loadu_si256(src as *const __m256i));
+    let dmin = _mm512_cvtph_ps(_mm256_loadu_si256(src.add(DMIN) as *const __m256i));
+    for r in 0..PANEL {
+        let da = _mm512_set1_ps(*job.a.d.get_unchecked(b * PANEL + r));
+        acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(dw, da), _mm512_cvtepi32_ps(sums[r]), acc[r]);
+        acc_min[r] = _mm512_fmadd_ps(
+            _mm512_mul_ps(dmin, da),
+            _mm512_cvtepi32_ps(mins[r]),
+            acc_min[r],
+        );
+    }
+}
+
+/// `acc − acc_min`, lanes to outputs.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn outputs((acc, acc_min): &Accumulators) -> GroupOut {
+    let mut diff = *acc;
+    for (d, m) in diff.iter_mut().zip(acc_min) {
         *d = _mm512_sub_ps(*d, *m);
     }
     crate::model::kernels::avx512::lanes_to_outputs(&diff)
@@ -100,7 +124,7 @@ pub(super) unsafe fn group_avx512(job: &Job<'_>) -> [[f32; PANEL]; GROUP] {
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C; the job's lengths were checked by the caller.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn group_avx2(job: &Job<'_>) -> [[f32; PANEL]; GROUP] {
+pub(super) unsafe fn group_avx2(job: &Q4KJob<'_>) -> GroupOut {
     const ROWS: usize = 4;
     let low = _mm256_set1_epi8(0x0F);
     let ones = _mm256_set1_epi16(1);
@@ -169,4 +193,64 @@ pub(super) unsafe fn group_avx2(job: &Job<'_>) -> [[f32; PANEL]; GROUP] {
         }
     }
     out
+}
+
+/// Tiles: `C` (tmm0) one sub-block's integer sums, 8 panel rows × 16 weight rows (i32); `A`
+/// (tmm4) the panel's 32 activations of the sub-block (rows 256 bytes apart); `B` (tmm6) the
+/// sub-block's nibbles as bytes, 8 rows (four values each) × 16 weight rows.
+const TILES: TileConfig = TileConfig::new([
+    (PANEL as u8, 64),
+    (0, 0),
+    (0, 0),
+    (0, 0),
+    (PANEL as u8, 32),
+    (0, 0),
+    (8, 64),
+    (0, 0),
+]);
+
+/// Per super-block, the nibbles unpacked to bytes (sub-block `s` as eight 64-byte rows: row
+/// `t` holds values `32s + 4t..32s + 4t + 4` of each weight row, the tile's layout), then per
+/// sub-block one `tdpbsud` (signed activations × unsigned nibbles) and, in AVX-512, the sums
+/// times the rows' scales; the mins and the float step are the AVX-512 path's.
+///
+/// # Safety
+/// As [`group_avx512`], and `tiles` must be usable (see [`Tiles`]).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(super) unsafe fn group_amx<T: Tiles>(tiles: &mut T, job: &Q4KJob<'_>) -> GroupOut {
+    let low = _mm512_set1_epi8(0x0F);
+    let mut acc = ([_mm512_setzero_ps(); PANEL], [_mm512_setzero_ps(); PANEL]);
+    let mut weights = [0u8; SUB_BLOCKS * 8 * 64];
+    let mut dots = [[0i32; 16]; PANEL];
+    tiles.configure(&TILES);
+    for b in 0..job.nb {
+        let src = job.group.as_ptr().add(b * GROUP_BLOCK_BYTES);
+        for g in 0..SUB_BLOCKS / 2 {
+            for t in 0..8 {
+                let raw = _mm512_loadu_si512(src.add(NIBBLES + 64 * (8 * g + t)) as *const _);
+                let w = weights.as_mut_ptr().add(64 * t);
+                _mm512_storeu_si512(w.add(512 * (2 * g)) as *mut _, _mm512_and_si512(raw, low));
+                let high = _mm512_and_si512(_mm512_srli_epi16::<4>(raw), low);
+                _mm512_storeu_si512(w.add(512 * (2 * g + 1)) as *mut _, high);
+            }
+        }
+        let activations = job.a.qs.as_ptr().add(b * PANEL) as *const u8;
+        let mut sums = [_mm512_setzero_si512(); PANEL];
+        for s in 0..SUB_BLOCKS {
+            tiles.zero(0);
+            tiles.load(4, activations.add(32 * s), QK_K);
+            tiles.load(6, weights.as_ptr().add(512 * s), 64);
+            tiles.dp_su(0, 4, 6);
+            tiles.store(0, dots.as_mut_ptr() as *mut u8, 64);
+            let scale =
+                _mm512_cvtepu8_epi32(_mm_loadu_si128(src.add(SCALES + GROUP * s) as *const _));
+            for (sum, dot) in sums.iter_mut().zip(&dots) {
+                let dot = _mm512_loadu_si512(dot.as_ptr() as *const _);
+                *sum = _mm512_add_epi32(*sum, _mm512_mullo_epi32(dot, scale));
+            }
+        }
+        accumulate_super_block(job, b, &sums, &mut acc);
+    }
+    tiles.release();
+    outputs(&acc)
 }

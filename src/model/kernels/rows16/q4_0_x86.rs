@@ -2,8 +2,9 @@
 //! output's whole-block integer sum forms in its own lane; the same exact integers and the
 //! same float operations per output as [`super::group_portable`].
 
-use super::{Job, GROUP, GROUP_BLOCK_BYTES, NIBBLES};
-use crate::model::kernels::panel::PANEL;
+use super::super::tiles::{TileConfig, Tiles};
+use super::{GroupOut, Q4_0Job, GROUP, GROUP_BLOCK_BYTES, NIBBLES};
+use crate::model::kernels::panel::{BLOCK, PANEL};
 use std::arch::x86_64::*;
 
 /// Four activation bytes of block `i`, from byte `4·step`, in every 32-bit lane: they meet
@@ -11,7 +12,7 @@ use std::arch::x86_64::*;
 /// high ones).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn activation_word(job: &Job<'_>, i: usize, step: usize) -> i32 {
+unsafe fn activation_word(job: &Q4_0Job<'_>, i: usize, step: usize) -> i32 {
     (job.a.qs.as_ptr().add(i) as *const u8)
         .add(4 * step)
         .cast::<i32>()
@@ -24,7 +25,7 @@ unsafe fn activation_word(job: &Job<'_>, i: usize, step: usize) -> i32 {
 /// The CPU must support AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C; the job's lengths were
 /// checked by the caller.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(super) unsafe fn group_avx512(job: &Job<'_>) -> [[f32; PANEL]; GROUP] {
+pub(super) unsafe fn group_avx512(job: &Q4_0Job<'_>) -> GroupOut {
     let low = _mm512_set1_epi8(0x0F);
     let mut acc = [_mm512_setzero_ps(); PANEL];
     for b in 0..job.nb {
@@ -38,7 +39,7 @@ pub(super) unsafe fn group_avx512(job: &Job<'_>) -> [[f32; PANEL]; GROUP] {
         }
         for (r, acc_r) in acc.iter_mut().enumerate() {
             let i = b * PANEL + r;
-            let mut s = _mm512_set1_epi32(-8 * *job.sums.get_unchecked(i));
+            let mut s = _mm512_set1_epi32(-8 * *job.a.sums.get_unchecked(i));
             for (step, w) in w.iter().enumerate() {
                 let a = _mm512_set1_epi32(activation_word(job, i, step));
                 s = _mm512_dpbusd_epi32(s, *w, a);
@@ -57,7 +58,7 @@ pub(super) unsafe fn group_avx512(job: &Job<'_>) -> [[f32; PANEL]; GROUP] {
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C; the job's lengths were checked by the caller.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn group_avx2(job: &Job<'_>) -> [[f32; PANEL]; GROUP] {
+pub(super) unsafe fn group_avx2(job: &Q4_0Job<'_>) -> GroupOut {
     const ROWS: usize = 4;
     let low = _mm256_set1_epi8(0x0F);
     let ones = _mm256_set1_epi16(1);
@@ -77,7 +78,7 @@ pub(super) unsafe fn group_avx2(job: &Job<'_>) -> [[f32; PANEL]; GROUP] {
                 }
                 for (dr, acc_r) in acc.iter_mut().enumerate() {
                     let i = b * PANEL + r0 + dr;
-                    let mut s = _mm256_set1_epi32(-8 * *job.sums.get_unchecked(i));
+                    let mut s = _mm256_set1_epi32(-8 * *job.a.sums.get_unchecked(i));
                     for (step, w) in w.iter().enumerate() {
                         let a = _mm256_set1_epi32(activation_word(job, i, step));
                         let pairs = _mm256_maddubs_epi16(*w, a);
@@ -97,4 +98,62 @@ pub(super) unsafe fn group_avx2(job: &Job<'_>) -> [[f32; PANEL]; GROUP] {
         }
     }
     out
+}
+
+/// Tiles: `C` (tmm0) the integer sums, 8 panel rows × 16 weight rows (i32); `A` (tmm4) the
+/// panel's block, 8 rows × 32 bytes; `B` (tmm6) the block's nibbles as bytes, 8 rows (four
+/// values each) × 16 weight rows.
+const TILES: TileConfig = TileConfig::new([
+    (PANEL as u8, 64),
+    (0, 0),
+    (0, 0),
+    (0, 0),
+    (PANEL as u8, BLOCK as u16),
+    (0, 0),
+    (8, 64),
+    (0, 0),
+]);
+
+/// Per block, one `tdpbsud` (signed activations × unsigned nibbles) forms all 8 × 16 sums;
+/// run `t`'s low nibbles become `B` row `t` (values `4t..4t + 4`), its high nibbles row
+/// `t + 4` (values `16 + 4t..`), so `B`'s K order is the values' order, and `A` is the panel's
+/// block as quantized. Then, per panel row, the AVX-512 path's float operations on the same
+/// integers (`Σ nibble·q_a − 8·Σq_a`).
+///
+/// # Safety
+/// As [`group_avx512`], and `tiles` must be usable (see [`Tiles`]).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(super) unsafe fn group_amx<T: Tiles>(tiles: &mut T, job: &Q4_0Job<'_>) -> GroupOut {
+    let low = _mm512_set1_epi8(0x0F);
+    let mut acc = [_mm512_setzero_ps(); PANEL];
+    let mut weights = [0u8; 8 * 64];
+    let mut sums = [[0i32; 16]; PANEL];
+    tiles.configure(&TILES);
+    for b in 0..job.nb {
+        let src = job.group.as_ptr().add(b * GROUP_BLOCK_BYTES);
+        for t in 0..4 {
+            let raw = _mm512_loadu_si512(src.add(NIBBLES + 64 * t) as *const _);
+            let w = weights.as_mut_ptr();
+            _mm512_storeu_si512(w.add(64 * t) as *mut _, _mm512_and_si512(raw, low));
+            let high = _mm512_and_si512(_mm512_srli_epi16::<4>(raw), low);
+            _mm512_storeu_si512(w.add(64 * (t + 4)) as *mut _, high);
+        }
+        tiles.zero(0);
+        tiles.load(4, job.a.qs.as_ptr().add(b * PANEL) as *const u8, BLOCK);
+        tiles.load(6, weights.as_ptr(), 64);
+        tiles.dp_su(0, 4, 6);
+        tiles.store(0, sums.as_mut_ptr() as *mut u8, 64);
+        let dw = _mm512_cvtph_ps(_mm256_loadu_si256(src as *const __m256i));
+        for (r, acc_r) in acc.iter_mut().enumerate() {
+            let i = b * PANEL + r;
+            let s = _mm512_add_epi32(
+                _mm512_loadu_si512(sums[r].as_ptr() as *const _),
+                _mm512_set1_epi32(-8 * *job.a.sums.get_unchecked(i)),
+            );
+            let scale = _mm512_mul_ps(dw, _mm512_set1_ps(*job.a.d.get_unchecked(i)));
+            *acc_r = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(s), *acc_r);
+        }
+    }
+    tiles.release();
+    crate::model::kernels::avx512::lanes_to_outputs(&acc)
 }

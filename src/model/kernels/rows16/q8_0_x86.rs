@@ -2,15 +2,16 @@
 //! output's whole-block integer sum forms in its own lane; the same exact integers and the
 //! same float operations per output as [`super::group_portable`].
 
-use super::{Job, GROUP, GROUP_BLOCK_BYTES, VALUES};
-use crate::model::kernels::panel::PANEL;
+use super::super::tiles::{TileConfig, Tiles};
+use super::{GroupOut, Int8Job, GROUP, GROUP_BLOCK_BYTES, VALUES};
+use crate::model::kernels::panel::{BLOCK, PANEL};
 use std::arch::x86_64::*;
 
 /// Four activation bytes of block `i`, from byte `4·t`, in every 32-bit lane: they meet
 /// weight values `4t..4t + 4` (run `t`).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn activation_word(job: &Job<'_>, i: usize, t: usize) -> i32 {
+unsafe fn activation_word(job: &Int8Job<'_>, i: usize, t: usize) -> i32 {
     (job.a.qs.as_ptr().add(i) as *const u8)
         .add(4 * t)
         .cast::<i32>()
@@ -24,7 +25,7 @@ unsafe fn activation_word(job: &Job<'_>, i: usize, t: usize) -> i32 {
 /// The CPU must support AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C; the job's lengths were
 /// checked by the caller.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(super) unsafe fn group_avx512(job: &Job<'_>) -> [[f32; PANEL]; GROUP] {
+pub(super) unsafe fn group_avx512(job: &Int8Job<'_>) -> GroupOut {
     let bias = _mm512_set1_epi8(-128);
     let mut acc = [_mm512_setzero_ps(); PANEL];
     for b in 0..job.nb {
@@ -37,7 +38,7 @@ pub(super) unsafe fn group_avx512(job: &Job<'_>) -> [[f32; PANEL]; GROUP] {
         }
         for (r, acc_r) in acc.iter_mut().enumerate() {
             let i = b * PANEL + r;
-            let mut s = _mm512_set1_epi32(-128 * *job.sums.get_unchecked(i));
+            let mut s = _mm512_set1_epi32(-128 * *job.a.sums.get_unchecked(i));
             for (t, w) in w.iter().enumerate() {
                 let a = _mm512_set1_epi32(activation_word(job, i, t));
                 s = _mm512_dpbusd_epi32(s, *w, a);
@@ -56,7 +57,7 @@ pub(super) unsafe fn group_avx512(job: &Job<'_>) -> [[f32; PANEL]; GROUP] {
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C; the job's lengths were checked by the caller.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn group_avx2(job: &Job<'_>) -> [[f32; PANEL]; GROUP] {
+pub(super) unsafe fn group_avx2(job: &Int8Job<'_>) -> GroupOut {
     const ROWS: usize = 4;
     let ones = _mm256_set1_epi16(1);
     let mut out = [[0f32; PANEL]; GROUP];
@@ -95,4 +96,47 @@ pub(super) unsafe fn group_avx2(job: &Job<'_>) -> [[f32; PANEL]; GROUP] {
         }
     }
     out
+}
+
+/// Tiles: `C` (tmm0) the integer sums, 8 panel rows × 16 weight rows (i32); `A` (tmm4) the
+/// panel's block, 8 rows × 32 bytes; `B` (tmm6) the block's eight runs as stored (run `t`:
+/// values `4t..4t + 4` of each weight row, which is the tile's layout).
+const TILES: TileConfig = TileConfig::new([
+    (PANEL as u8, 64),
+    (0, 0),
+    (0, 0),
+    (0, 0),
+    (PANEL as u8, BLOCK as u16),
+    (0, 0),
+    (8, 64),
+    (0, 0),
+]);
+
+/// Per block, one `tdpbssd` forms all 8 × 16 sums `Σ q_w·q_a` straight from the group's
+/// runs; then, per panel row, the AVX-512 path's float operations on the same integers.
+///
+/// # Safety
+/// As [`group_avx512`], and `tiles` must be usable (see [`Tiles`]).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(super) unsafe fn group_amx<T: Tiles>(tiles: &mut T, job: &Int8Job<'_>) -> GroupOut {
+    let mut acc = [_mm512_setzero_ps(); PANEL];
+    let mut sums = [[0i32; 16]; PANEL];
+    tiles.configure(&TILES);
+    for b in 0..job.nb {
+        let src = job.group.as_ptr().add(b * GROUP_BLOCK_BYTES);
+        tiles.zero(0);
+        tiles.load(4, job.a.qs.as_ptr().add(b * PANEL) as *const u8, BLOCK);
+        tiles.load(6, src.add(VALUES), 64);
+        tiles.dp_ss(0, 4, 6);
+        tiles.store(0, sums.as_mut_ptr() as *mut u8, 64);
+        let dw = _mm512_cvtph_ps(_mm256_loadu_si256(src as *const __m256i));
+        for (r, acc_r) in acc.iter_mut().enumerate() {
+            let s = _mm512_loadu_si512(sums[r].as_ptr() as *const _);
+            let da = *job.a.d.get_unchecked(b * PANEL + r);
+            let scale = _mm512_mul_ps(dw, _mm512_set1_ps(da));
+            *acc_r = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(s), *acc_r);
+        }
+    }
+    tiles.release();
+    crate::model::kernels::avx512::lanes_to_outputs(&acc)
 }

@@ -1,0 +1,355 @@
+//! The interleaved-rows kernels, one driver generic over the weight format: Q4_0, Q8_0 and
+//! Q5_0 × Q8_0 activations, Q4_K and Q6_K × Q8_K activations.
+//!
+//! Why one design for all of them: a kernel that gives each weight row one 32-bit lane forms
+//! every output's integer block sum in its own lane (a broadcast of four activation bytes
+//! meets sixteen rows' four weights in one `vpdpbusd`, or a tile of them in one `tdpbssd`),
+//! so nothing is ever reduced across lanes; the per-row float work is one conversion and one
+//! FMA per block. The weights are repacked once at load into groups of [`GROUP`] rows whose
+//! blocks are interleaved (each format's module gives its layout).
+//!
+//! What a format supplies ([`Format`]): its file block size, the size of one interleaved
+//! group block, the repacking of one file block into a lane, the dequantization of a lane,
+//! and its micro-kernels per instruction-set level (portable, AVX2, AVX-512 VNNI, AMX tiles).
+//! What the driver does: the repacking of whole matrices (threaded), the activation
+//! quantization ([`Activations`]), the cache blocking and threading ([`panel::drive`]), the
+//! level dispatch with its length checks, and [`OwnMatrix`]. The shared tests
+//! (`tests.rs`) run every format on every level against an f64 reference.
+//!
+//! Exactness: the integer sums are exact whichever instructions form them, and every level
+//! performs the same float operations per output in the same order, so every level gives the
+//! same bits, whatever the thread count, the panel a row lands in or its neighbours.
+
+pub mod q4_0;
+pub mod q4k;
+pub mod q6k;
+pub mod q8_0;
+#[cfg(test)]
+pub(crate) mod tests;
+pub mod tiles;
+
+use std::marker::PhantomData;
+
+use rayon::prelude::*;
+
+use super::kquant::q8k::{Q8KPanel, Q8KPanels};
+use super::kquant::QK_K;
+use super::panel::{self, Panels, BLOCK, PANEL};
+use super::{Isa, OwnMatrix};
+
+/// Weight rows interleaved per group: one per 32-bit lane of a 512-bit register, one per
+/// 32-bit column of a 64-byte tile row.
+pub const GROUP: usize = 16;
+
+/// The outputs of one job: `[weight row of the group][panel row]`.
+pub type GroupOut = [[f32; PANEL]; GROUP];
+
+/// Activations quantized for a format's kernels, in panels of [`PANEL`] rows.
+pub trait Activations: Sync + Sized {
+    /// One panel's blocks.
+    type Panel<'a>: Copy + Sync
+    where
+        Self: 'a;
+    /// Values per block (the weights' blocks have the same size).
+    const BLOCK: usize;
+    /// `x [m, k]`, row-major (`k` a multiple of [`Self::BLOCK`]).
+    fn quantize(x: &[f32], m: usize, k: usize) -> Self;
+    fn panel(&self, p: usize) -> Self::Panel<'_>;
+    /// Whether `panel` holds `nb` blocks of each of its rows (the kernels index unchecked).
+    fn holds(panel: &Self::Panel<'_>, nb: usize) -> bool;
+    /// Value `e` of row `row` as the kernels see it, `d·q`, in f64 (the tests' reference).
+    #[cfg(test)]
+    fn dequantized(&self, row: usize, e: usize) -> f64;
+}
+
+/// Activations in Q8_0 (32-value blocks, llama.cpp's `quantize_row_q8_0`/`q8_1` values and
+/// scales: [`panel::Panels`]) with each block's integer sum, for Q4_0, Q8_0 and Q5_0 weights.
+pub struct Q8Panels {
+    panels: Panels,
+    sums: Vec<i32>,
+}
+
+/// One panel of [`Q8Panels`]: entry `b·PANEL + r` is row `r`'s block `b`.
+#[derive(Clone, Copy)]
+pub struct Q8Panel<'a> {
+    pub qs: &'a [[i8; BLOCK]],
+    pub d: &'a [f32],
+    /// `Σ q_a` of the block.
+    pub sums: &'a [i32],
+}
+
+impl Activations for Q8Panels {
+    type Panel<'a> = Q8Panel<'a>;
+    const BLOCK: usize = BLOCK;
+
+    fn quantize(x: &[f32], m: usize, k: usize) -> Self {
+        let panels = Panels::quantize(x, m, k);
+        let sums = panel::block_sums(&panels, m);
+        Self { panels, sums }
+    }
+
+    fn panel(&self, p: usize) -> Q8Panel<'_> {
+        let a = self.panels.panel(p);
+        let per_panel = self.panels.blocks_per_row() * PANEL;
+        Q8Panel {
+            qs: a.qs,
+            d: a.d,
+            sums: &self.sums[p * per_panel..][..per_panel],
+        }
+    }
+
+    fn holds(a: &Q8Panel<'_>, nb: usize) -> bool {
+        a.qs.len() >= nb * PANEL && a.d.len() >= nb * PANEL && a.sums.len() >= nb * PANEL
+    }
+
+    #[cfg(test)]
+    fn dequantized(&self, row: usize, e: usize) -> f64 {
+        let a = self.panels.panel(row / PANEL);
+        let i = (e / BLOCK) * PANEL + row % PANEL;
+        a.d[i] as f64 * a.qs[i][e % BLOCK] as f64
+    }
+}
+
+impl Activations for Q8KPanels {
+    type Panel<'a> = Q8KPanel<'a>;
+    const BLOCK: usize = QK_K;
+
+    fn quantize(x: &[f32], m: usize, k: usize) -> Self {
+        Q8KPanels::quantize(x, m, k)
+    }
+
+    fn panel(&self, p: usize) -> Q8KPanel<'_> {
+        Q8KPanels::panel(self, p)
+    }
+
+    fn holds(a: &Q8KPanel<'_>, nb: usize) -> bool {
+        use super::kquant::q8k::SUB_BLOCK_PAIRS;
+        a.qs.len() >= nb * PANEL
+            && a.d.len() >= nb * PANEL
+            && a.bsums.len() >= nb * PANEL
+            && a.sub_block_sums.len() >= nb * SUB_BLOCK_PAIRS
+    }
+
+    #[cfg(test)]
+    fn dequantized(&self, row: usize, e: usize) -> f64 {
+        let a = Q8KPanels::panel(self, row / PANEL);
+        let i = (e / QK_K) * PANEL + row % PANEL;
+        a.d[i] as f64 * a.qs[i][e % QK_K] as f64
+    }
+}
+
+/// One group of weight rows against one panel of activations.
+pub struct Job<'a, P> {
+    /// The group's interleaved blocks.
+    pub group: &'a [u8],
+    /// Blocks per row.
+    pub nb: usize,
+    pub a: P,
+}
+
+/// The panel type of format `F`'s activations.
+pub type PanelOf<'a, F> = <<F as Format>::Act as Activations>::Panel<'a>;
+
+/// A weight format of the interleaved-rows kernels: its layout and its micro-kernels.
+///
+/// Each micro-kernel returns the outputs of the group's [`GROUP`] rows for the panel's
+/// [`PANEL`] activation rows, and all of them the same bits as [`Format::portable`].
+pub trait Format: Sized + Send + Sync + 'static {
+    /// The activations' quantization.
+    type Act: Activations;
+    /// The format's name, as GGUF spells it.
+    const NAME: &'static str;
+    /// Bytes of one block in a GGUF file.
+    const FILE_BLOCK_BYTES: usize;
+    /// Bytes of one block of a group of [`GROUP`] rows, interleaved.
+    const GROUP_BLOCK_BYTES: usize;
+
+    /// Writes one row's file block into lane `lane` of a group's block.
+    fn pack(file: &[u8], dst: &mut [u8], lane: usize);
+
+    /// Lane `lane`'s values of a group's block as f32: the same numbers as ggml's (and
+    /// candle's) dequantization.
+    fn dequantize(src: &[u8], lane: usize, out: &mut [f32]);
+
+    /// The definition, one output at a time.
+    fn portable(job: &Job<'_, PanelOf<'_, Self>>) -> GroupOut;
+
+    /// The AVX2 path.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C; the job's lengths were checked.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn avx2(job: &Job<'_, PanelOf<'_, Self>>) -> GroupOut;
+
+    /// The AVX-512 VNNI path.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C; the job's lengths were
+    /// checked.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn avx512(job: &Job<'_, PanelOf<'_, Self>>) -> GroupOut;
+
+    /// The AMX path, on `tiles` (the CPU's, or [`tiles::Emulated`] in tests); `None` where the
+    /// format has none (the AVX-512 path runs).
+    ///
+    /// # Safety
+    /// As [`Format::avx512`], and `tiles` must be usable: for [`tiles::Hardware`], AMX-TILE
+    /// and AMX-INT8 execute and this process holds the tile-data permission.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn amx<T: tiles::Tiles>(
+        tiles: &mut T,
+        job: &Job<'_, PanelOf<'_, Self>>,
+    ) -> Option<GroupOut> {
+        let _ = (tiles, job);
+        None
+    }
+}
+
+/// A weight matrix `[n, k]` (n outputs, k inputs) of format `F`, repacked in interleaved
+/// groups of [`GROUP`] rows (the last group padded with zero rows).
+pub struct Rows16Matrix<F: Format> {
+    n: usize,
+    k: usize,
+    data: Vec<u8>,
+    format: PhantomData<F>,
+}
+
+impl<F: Format> Rows16Matrix<F> {
+    /// From the GGUF bytes of a `[n, k]` tensor; `None` unless `k` is a non-zero multiple of
+    /// the block and `bytes` has the size of `n·k/block` blocks.
+    pub fn from_bytes(bytes: &[u8], n: usize, k: usize) -> Option<Self> {
+        let block = F::Act::BLOCK;
+        let file_row = (k / block).checked_mul(F::FILE_BLOCK_BYTES)?;
+        if k == 0 || !k.is_multiple_of(block) || bytes.len() != n.checked_mul(file_row)? {
+            return None;
+        }
+        let group_len = (k / block) * F::GROUP_BLOCK_BYTES;
+        let mut data = vec![0u8; n.div_ceil(GROUP) * group_len];
+        data.par_chunks_mut(group_len)
+            .enumerate()
+            .for_each(|(g, group)| {
+                for lane in 0..GROUP.min(n - g * GROUP) {
+                    let row = &bytes[(g * GROUP + lane) * file_row..][..file_row];
+                    let blocks = row.chunks_exact(F::FILE_BLOCK_BYTES);
+                    for (src, dst) in blocks.zip(group.chunks_exact_mut(F::GROUP_BLOCK_BYTES)) {
+                        F::pack(src, dst, lane);
+                    }
+                }
+            });
+        Some(Self {
+            n,
+            k,
+            data,
+            format: PhantomData,
+        })
+    }
+
+    pub fn shape(&self) -> (usize, usize) {
+        (self.n, self.k)
+    }
+
+    /// Bytes held (the last group's padding rows included).
+    pub fn storage_bytes(&self) -> usize {
+        self.data.len()
+    }
+
+    /// `x [m, k]` (row-major) times this matrix transposed: `[m, n]`.
+    pub fn matmul(&self, x: &[f32], m: usize) -> Vec<f32> {
+        self.matmul_at(x, m, super::isa())
+    }
+
+    /// [`Self::matmul`] at level `isa` (capped to this process's): every level gives the same
+    /// bits.
+    pub fn matmul_at(&self, x: &[f32], m: usize, isa: Isa) -> Vec<f32> {
+        self.matmul_with(x, m, |job| group_at::<F>(job, isa))
+    }
+
+    /// [`Self::matmul`] with `kernel` computing each job (the tests' emulated tiles).
+    fn matmul_with(
+        &self,
+        x: &[f32],
+        m: usize,
+        kernel: impl Fn(&Job<'_, PanelOf<'_, F>>) -> GroupOut + Sync,
+    ) -> Vec<f32> {
+        let (n, k) = (self.n, self.k);
+        assert_eq!(x.len(), m * k, "activation shape");
+        let a = F::Act::quantize(x, m, k);
+        let nb = k / F::Act::BLOCK;
+        panel::drive(m, n, GROUP, |p, j, out| {
+            let job = Job {
+                group: self.group(j / GROUP),
+                nb,
+                a: a.panel(p),
+            };
+            assert!(
+                job.group.len() == nb * F::GROUP_BLOCK_BYTES && F::Act::holds(&job.a, nb),
+                "{} job sizes",
+                F::NAME
+            );
+            let all = kernel(&job);
+            out.copy_from_slice(&all[..out.len()]);
+        })
+    }
+
+    /// Row `j` as f32 (ggml's and candle's dequantization), so a tied embedding table can be
+    /// looked up from the output layer's copy.
+    pub fn dequantize_row(&self, j: usize, out: &mut [f32]) {
+        let lane = j % GROUP;
+        let blocks = self.group(j / GROUP).chunks_exact(F::GROUP_BLOCK_BYTES);
+        for (out, src) in out.chunks_exact_mut(F::Act::BLOCK).zip(blocks) {
+            F::dequantize(src, lane, out);
+        }
+    }
+
+    /// Group `g`'s blocks.
+    fn group(&self, g: usize) -> &[u8] {
+        let len = (self.k / F::Act::BLOCK) * F::GROUP_BLOCK_BYTES;
+        &self.data[g * len..][..len]
+    }
+}
+
+/// The outputs of a job at level `isa`, lowered to this process's level. The caller checked
+/// the job's lengths ([`Rows16Matrix::matmul_with`]).
+fn group_at<F: Format>(job: &Job<'_, PanelOf<'_, F>>, isa: Isa) -> GroupOut {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let isa = isa.min(super::isa());
+        // SAFETY: `isa` is at most the process's level, whose instructions were seen to
+        // execute (and, for `Amx`, the tile-data permission granted and the tile instructions
+        // checked against their definition at start-up: `tiles::Hardware`); each level
+        // includes the ones below it. The lengths were checked by the caller.
+        unsafe {
+            if isa >= Isa::Amx {
+                if let Some(out) = F::amx(&mut tiles::Hardware, job) {
+                    return out;
+                }
+            }
+            if isa >= Isa::Avx512 {
+                return F::avx512(job);
+            }
+            if isa >= Isa::Avx2 {
+                return F::avx2(job);
+            }
+        }
+    }
+    let _ = isa;
+    F::portable(job)
+}
+
+impl<F: Format> OwnMatrix for Rows16Matrix<F> {
+    fn shape(&self) -> (usize, usize) {
+        (self.n, self.k)
+    }
+
+    fn storage_bytes(&self) -> usize {
+        self.storage_bytes()
+    }
+
+    fn matmul(&self, x: &[f32], m: usize) -> Vec<f32> {
+        self.matmul(x, m)
+    }
+
+    fn dequantize_row(&self, j: usize, out: &mut [f32]) {
+        self.dequantize_row(j, out)
+    }
+}

@@ -1,0 +1,161 @@
+//! Q4_K weights repacked at load into interleaved groups of [`GROUP`] rows, × Q8_K activations:
+//! the design of [`super::q6k`] (one 32-bit lane per weight row, `vpdpbusd` against
+//! broadcast activation bytes, no reduction across lanes) for the Q4_K tensors of Q4_K_M files.
+//!
+//! Layout, per group of sixteen rows and super-block (2368 bytes for the file's 16 × 144, the
+//! 6-bit scales and mins unpacked to bytes as [`crate::model::kernels::kquant::q4k`] holds
+//! them):
+//! - `[0, 32)`: the rows' f16 `d`, lane `j` at `2j`; `[32, 64)`: their f16 `dmin`;
+//! - `[64, 192)`: the scales, sub-block `s` at `64 + 16s`, row `j`'s at byte `j`;
+//! - `[192, 320)`: the mins, laid out as the scales;
+//! - `[320, 2368)`: the values, eight 64-byte runs per pair `g` of sub-blocks: run `8g + t`,
+//!   bytes `4j..4j + 4`, hold in their low nibbles values `64g + 4t + c` (c < 4) of row `j`
+//!   (sub-block `2g`), in their high nibbles values `64g + 32 + 4t + c` (sub-block `2g + 1`).
+//!
+//! Float order, per output, the same as [`crate::model::kernels::kquant::q4k`]'s (so the same
+//! bits as before the repacking): exact i32 `sum = Σ_s scale_s·Σ_e q_e·a_e` and
+//! `mins = Σ_s min_s·(bsum_{2s} + bsum_{2s+1})` per super-block, then over the super-blocks in
+//! order, from zero, `acc = fma(d_w·d_a, sum as f32, acc)` and
+//! `acc_min = fma(dmin_w·d_a, mins as f32, acc_min)`; the output is `acc − acc_min`. The
+//! AVX-512 VNNI path (sixteen rows per register), the AVX2 path (eight), the AMX path (one
+//! `tdpbsud` per sub-block, its 8 × 16 sums scaled in AVX-512) and the portable one give the
+//! same bits.
+
+use half::f16;
+
+use super::{Format, GroupOut, Job, Rows16Matrix, GROUP};
+use crate::model::kernels::kquant::q4k::Q4KBlock;
+use crate::model::kernels::kquant::q8k::{Q8KPanel, Q8KPanels};
+use crate::model::kernels::kquant::{SuperBlock, QK_K};
+use crate::model::kernels::panel::PANEL;
+
+/// Offset of the f16 `dmin` in a group's super-block.
+const DMIN: usize = 2 * GROUP;
+/// Offset of the scales.
+const SCALES: usize = DMIN + 2 * GROUP;
+/// Offset of the mins.
+const MINS: usize = SCALES + SUB_BLOCKS * GROUP;
+/// Offset of the values.
+const NIBBLES: usize = MINS + SUB_BLOCKS * GROUP;
+/// Bytes of one super-block of a group.
+const GROUP_BLOCK_BYTES: usize = NIBBLES + QK_K / 2 * GROUP;
+/// Sub-blocks of 32 values per super-block.
+const SUB_BLOCKS: usize = QK_K / 32;
+
+/// The Q4_K format of the interleaved-rows driver.
+pub struct Q4K;
+
+/// A Q4_K weight matrix `[n, k]`, repacked in interleaved groups of [`GROUP`] rows: 148
+/// bytes per super-block (the file's 144, scales and mins unpacked), plus the last group's
+/// padding rows.
+pub type Q4KRows16 = Rows16Matrix<Q4K>;
+
+/// A job of this format.
+pub(crate) type Q4KJob<'a> = Job<'a, Q8KPanel<'a>>;
+
+/// Where value `e` of lane `j` lies in a group's super-block: byte, and whether in the high
+/// nibble.
+fn value_place(j: usize, e: usize) -> (usize, bool) {
+    let (g, upper, i) = (e / 64, (e / 32) % 2 == 1, e % 32);
+    let (t, c) = (i / 4, i % 4);
+    (NIBBLES + 64 * (8 * g + t) + 4 * j + c, upper)
+}
+
+/// The 4-bit value of value `e` of lane `lane` in a group's super-block.
+fn value(src: &[u8], lane: usize, e: usize) -> u8 {
+    let (at, upper) = value_place(lane, e);
+    if upper {
+        src[at] >> 4
+    } else {
+        src[at] & 0x0F
+    }
+}
+
+impl Format for Q4K {
+    type Act = Q8KPanels;
+    const NAME: &'static str = "Q4_K";
+    const FILE_BLOCK_BYTES: usize = Q4KBlock::FILE_BYTES;
+    const GROUP_BLOCK_BYTES: usize = GROUP_BLOCK_BYTES;
+
+    /// By structure, not per value: the repacking is part of every model load.
+    fn pack(file: &[u8], dst: &mut [u8], lane: usize) {
+        let blk = Q4KBlock::decode(file);
+        dst[2 * lane..2 * lane + 2].copy_from_slice(&blk.d.to_le_bytes());
+        dst[DMIN + 2 * lane..DMIN + 2 * lane + 2].copy_from_slice(&blk.dmin.to_le_bytes());
+        for s in 0..SUB_BLOCKS {
+            dst[SCALES + GROUP * s + lane] = blk.scales[s];
+            dst[MINS + GROUP * s + lane] = blk.mins[s];
+        }
+        // Byte `32g + i` of the file holds values `64g + i` (low nibble, sub-block 2g) and
+        // `64g + 32 + i` (high nibble, sub-block 2g + 1): the runs keep the bytes whole.
+        for (g, bytes) in blk.qs.chunks_exact(32).enumerate() {
+            for (t, four) in bytes.chunks_exact(4).enumerate() {
+                dst[NIBBLES + 64 * (8 * g + t) + 4 * lane..][..4].copy_from_slice(four);
+            }
+        }
+    }
+
+    /// The numbers and float operations of ggml's (and candle's) Q4_K dequantization,
+    /// `(d·scale)·q − dmin·min`.
+    fn dequantize(src: &[u8], lane: usize, out: &mut [f32]) {
+        let d = f16::from_le_bytes([src[2 * lane], src[2 * lane + 1]]).to_f32();
+        let dmin = f16::from_le_bytes([src[DMIN + 2 * lane], src[DMIN + 2 * lane + 1]]);
+        for (e, o) in out.iter_mut().enumerate() {
+            let s = e / 32;
+            let scale = d * src[SCALES + GROUP * s + lane] as f32;
+            let min = dmin.to_f32() * src[MINS + GROUP * s + lane] as f32;
+            *o = scale * value(src, lane, e) as f32 - min;
+        }
+    }
+
+    fn portable(job: &Q4KJob<'_>) -> GroupOut {
+        std::array::from_fn(|lane| {
+            std::array::from_fn(|r| {
+                let (mut acc, mut acc_min) = (0f32, 0f32);
+                for b in 0..job.nb {
+                    let src = &job.group[b * GROUP_BLOCK_BYTES..][..GROUP_BLOCK_BYTES];
+                    let d = f16::from_le_bytes([src[2 * lane], src[2 * lane + 1]]).to_f32();
+                    let dmin = f16::from_le_bytes([src[DMIN + 2 * lane], src[DMIN + 2 * lane + 1]]);
+                    let i = b * PANEL + r;
+                    let (qa, bsums) = (&job.a.qs[i], &job.a.bsums[i]);
+                    let (mut sum, mut mins) = (0i32, 0i32);
+                    for s in 0..SUB_BLOCKS {
+                        let dot: i32 = (32 * s..32 * s + 32)
+                            .map(|e| value(src, lane, e) as i32 * qa[e] as i32)
+                            .sum();
+                        sum += src[SCALES + GROUP * s + lane] as i32 * dot;
+                        let bsum = bsums[2 * s] as i32 + bsums[2 * s + 1] as i32;
+                        mins += src[MINS + GROUP * s + lane] as i32 * bsum;
+                    }
+                    let da = job.a.d[i];
+                    acc = (d * da).mul_add(sum as f32, acc);
+                    acc_min = (dmin.to_f32() * da).mul_add(mins as f32, acc_min);
+                }
+                acc - acc_min
+            })
+        })
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn avx2(job: &Q4KJob<'_>) -> GroupOut {
+        x86::group_avx2(job)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn avx512(job: &Q4KJob<'_>) -> GroupOut {
+        x86::group_avx512(job)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn amx<T: super::tiles::Tiles>(tiles: &mut T, job: &Q4KJob<'_>) -> Option<GroupOut> {
+        Some(x86::group_amx(tiles, job))
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[path = "q4k_x86.rs"]
+mod x86;
+
+#[cfg(test)]
+#[path = "q4k_tests.rs"]
+mod tests;

@@ -1,0 +1,187 @@
+//! Q6_K weights repacked at load into interleaved groups of [`GROUP`] rows, × Q8_K activations.
+//!
+//! Why: the panel kernel of [`crate::model::kernels::kquant::q6k`] decodes a super-block of one weight row and meets
+//! eight activation rows with it, every product of a row landing in the lanes of its own
+//! register, so each super-block ends in a horizontal reduction and per-row offset fix-ups; a
+//! profile of the Llama-3.2-1B shape in Q6_K spent 54% of the time there (0.61× llama.cpp).
+//! Here, as in [`super::q4_0`], one 32-bit lane belongs to one weight row: a broadcast
+//! of four activation bytes meets sixteen rows' four weights in one `vpdpbusd`, the sum of a
+//! 16-value sub-block forms in each row's lane, is multiplied by that row's scale in one
+//! `vpmulld`, and nothing is ever reduced across lanes.
+//!
+//! Layout, per group of sixteen rows and super-block (16 × 210 bytes, the file's size):
+//! - `[0, 32)`: the rows' f16 `d`, lane `j` at `2j`;
+//! - `[32, 288)`: the scales, sub-block `s` at `32 + 16s`, row `j`'s at byte `j`;
+//! - `[288, 2336)`: the low four bits, two 64-byte runs per sub-block: run `2s + u`, bytes
+//!   `4j..4j + 4`, hold in their low nibbles values `16s + 4u + c` (c < 4) of row `j`, in
+//!   their high nibbles values `16s + 8 + 4u + c`;
+//! - `[2336, 3360)`: the top two bits, one 64-byte run per sub-block: run `s`, byte `4j + c`,
+//!   bits `2t, 2t + 1` for value `16s + 4t + c` of row `j`.
+//!
+//! Float order, per output, the same as the panel kernel's (so the same bits as before the
+//! repacking): the super-block's sum `Σ_s scale_s·Σ_e (q_e − 32)·a_e` is exact in i32 (the
+//! SIMD paths start each sub-block's sum at `−32·bsum_s` and add the unsigned products), then
+//! `acc = fma(d_w·d_a, sum as f32, acc)` over the super-blocks in order, from zero. The
+//! AVX-512 VNNI path (sixteen rows per register), the AVX2 path (eight), the AMX path (one
+//! `tdpbsud` per 16-value sub-block, K = 16) and the portable one give the same bits.
+
+use half::f16;
+
+use super::{Format, GroupOut, Job, Rows16Matrix, GROUP};
+use crate::model::kernels::kquant::q6k::Q6KBlock;
+use crate::model::kernels::kquant::q8k::{Q8KPanel, Q8KPanels};
+use crate::model::kernels::kquant::{SuperBlock, QK_K};
+use crate::model::kernels::panel::PANEL;
+
+/// Bytes of one super-block of a group.
+const GROUP_BLOCK_BYTES: usize = GROUP * Q6KBlock::FILE_BYTES;
+/// Offset of the scales in a group's super-block.
+const SCALES: usize = 2 * GROUP;
+/// Offset of the low four bits.
+const NIBBLES: usize = SCALES + 16 * GROUP;
+/// Offset of the top two bits.
+const HIGH: usize = NIBBLES + 32 * 64;
+/// Sub-blocks of 16 values per super-block.
+const SUB_BLOCKS: usize = QK_K / 16;
+
+/// The Q6_K format of the interleaved-rows driver.
+pub struct Q6K;
+
+/// A Q6_K weight matrix `[n, k]`, repacked in interleaved groups of [`GROUP`] rows: 210 bytes
+/// per super-block, as in the file (plus the last group's padding rows).
+pub type Q6KRows16 = Rows16Matrix<Q6K>;
+
+/// A job of this format.
+pub(crate) type Q6KJob<'a> = Job<'a, Q8KPanel<'a>>;
+
+/// Where the four low bits (byte, high nibble?) and the two top bits (byte, shift) of value
+/// `e` of lane `j` lie in a group's super-block.
+fn value_place(j: usize, e: usize) -> ((usize, bool), (usize, usize)) {
+    let (s, i) = (e / 16, e % 16);
+    let (t, c) = (i / 4, i % 4);
+    let nibble = NIBBLES + 64 * (2 * s + t % 2) + 4 * j + c;
+    let high = HIGH + 64 * s + 4 * j + c;
+    ((nibble, t >= 2), (high, 2 * t))
+}
+
+/// Writes one row's super-block (the file's 210 bytes) into lane `lane` of a group's
+/// super-block, eight values at a time with word arithmetic: the repacking is part of every
+/// load (byte by byte it was a fifth of a 1B Q6_K model's set-up).
+///
+/// Sub-block `s = 8h + 2i + r` holds values `128h + 32i + 16r + x` (x < 16): their low bits
+/// are 16 consecutive bytes of the file's `ql` from `64h + 32(i mod 2) + 16r` (high nibbles
+/// when i ≥ 2), their top bits 16 consecutive bytes of `qh` from `128 + 32h + 16r`, at bit
+/// `2i` (as `Q6KBlock::value`).
+fn pack_super_block(file: &[u8], dst: &mut [u8], lane: usize) {
+    const LOW4: u64 = 0x0F0F_0F0F_0F0F_0F0F;
+    const LOW2: u64 = 0x0303_0303_0303_0303;
+    let word = |b: &[u8]| {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&b[..8]);
+        u64::from_le_bytes(w)
+    };
+    dst[2 * lane..2 * lane + 2].copy_from_slice(&file[208..210]);
+    for (s, &scale) in file[192..208].iter().enumerate() {
+        dst[SCALES + 16 * s + lane] = scale;
+    }
+    for s in 0..SUB_BLOCKS {
+        let (h, i, r) = (s / 8, (s % 8) / 2, s % 2);
+        let ql = &file[64 * h + 32 * (i % 2) + 16 * r..][..16];
+        let qh = &file[128 + 32 * h + 16 * r..][..16];
+        let (low_shift, high_shift) = (4 * (i / 2) as u32, 2 * i as u32);
+        // Bytes x of `low_a`/`low_b`: the low four bits of values x and 8 + x.
+        let low_a = (word(&ql[..8]) >> low_shift) & LOW4;
+        let low_b = (word(&ql[8..]) >> low_shift) & LOW4;
+        // Runs 2s and 2s + 1: values 4u + c in the low nibbles, 8 + 4u + c in the high.
+        let runs = (low_a | (low_b << 4)).to_le_bytes();
+        dst[NIBBLES + 64 * (2 * s) + 4 * lane..][..4].copy_from_slice(&runs[..4]);
+        dst[NIBBLES + 64 * (2 * s + 1) + 4 * lane..][..4].copy_from_slice(&runs[4..]);
+        // Byte c of run s: value 4t + c's top bits at bits 2t (t < 4).
+        let high_a = (word(&qh[..8]) >> high_shift) & LOW2;
+        let high_b = (word(&qh[8..]) >> high_shift) & LOW2;
+        let top = (high_a & 0xFFFF_FFFF)
+            | ((high_a >> 32) << 2)
+            | ((high_b & 0xFFFF_FFFF) << 4)
+            | ((high_b >> 32) << 6);
+        dst[HIGH + 64 * s + 4 * lane..][..4].copy_from_slice(&top.to_le_bytes()[..4]);
+    }
+}
+
+/// The unsigned 6-bit value (0..64) of value `e` of lane `lane` in a group's super-block.
+fn value(src: &[u8], lane: usize, e: usize) -> u8 {
+    let ((nibble, upper), (high, shift)) = value_place(lane, e);
+    let low = if upper {
+        src[nibble] >> 4
+    } else {
+        src[nibble] & 0x0F
+    };
+    low | (((src[high] >> shift) & 3) << 4)
+}
+
+impl Format for Q6K {
+    type Act = Q8KPanels;
+    const NAME: &'static str = "Q6_K";
+    const FILE_BLOCK_BYTES: usize = Q6KBlock::FILE_BYTES;
+    const GROUP_BLOCK_BYTES: usize = GROUP_BLOCK_BYTES;
+
+    fn pack(file: &[u8], dst: &mut [u8], lane: usize) {
+        pack_super_block(file, dst, lane)
+    }
+
+    /// The numbers and float operations of ggml's (and candle's) Q6_K dequantization,
+    /// `d·scale·(q − 32)`.
+    fn dequantize(src: &[u8], lane: usize, out: &mut [f32]) {
+        let d = f16::from_le_bytes([src[2 * lane], src[2 * lane + 1]]).to_f32();
+        for (e, o) in out.iter_mut().enumerate() {
+            let scale = src[SCALES + 16 * (e / 16) + lane] as i8;
+            let q = value(src, lane, e) as i8 - 32;
+            *o = d * scale as f32 * q as f32;
+        }
+    }
+
+    fn portable(job: &Q6KJob<'_>) -> GroupOut {
+        std::array::from_fn(|lane| {
+            std::array::from_fn(|r| {
+                let mut acc = 0f32;
+                for b in 0..job.nb {
+                    let src = &job.group[b * GROUP_BLOCK_BYTES..][..GROUP_BLOCK_BYTES];
+                    let d = f16::from_le_bytes([src[2 * lane], src[2 * lane + 1]]).to_f32();
+                    let (qa, da) = (&job.a.qs[b * PANEL + r], job.a.d[b * PANEL + r]);
+                    let mut sum = 0i32;
+                    for s in 0..SUB_BLOCKS {
+                        let scale = src[SCALES + 16 * s + lane] as i8 as i32;
+                        let dot: i32 = (16 * s..16 * s + 16)
+                            .map(|e| (value(src, lane, e) as i32 - 32) * qa[e] as i32)
+                            .sum();
+                        sum += scale * dot;
+                    }
+                    acc = (d * da).mul_add(sum as f32, acc);
+                }
+                acc
+            })
+        })
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn avx2(job: &Q6KJob<'_>) -> GroupOut {
+        x86::group_avx2(job)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn avx512(job: &Q6KJob<'_>) -> GroupOut {
+        x86::group_avx512(job)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn amx<T: super::tiles::Tiles>(tiles: &mut T, job: &Q6KJob<'_>) -> Option<GroupOut> {
+        Some(x86::group_amx(tiles, job))
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[path = "q6k_x86.rs"]
+mod x86;
+
+#[cfg(test)]
+#[path = "q6k_tests.rs"]
+mod tests;

@@ -1,0 +1,513 @@
+//! AMX tiles: the instructions the interleaved-rows kernels use, behind one small trait with
+//! two implementations — [`Hardware`], the CPU's tile unit through `asm!` (stable Rust has no
+//! AMX intrinsics), and [`Emulated`], the instructions' definitions from Intel's SDM in plain
+//! Rust, so the AMX kernels' layouts, tiling and arithmetic are tested on every machine and
+//! the CPU's tile unit is checked against the same definitions at start-up
+//! ([`hardware_matches_definition`]) before any kernel uses it.
+//!
+//! Register roles (so that each `asm!` names its registers literally): accumulators `C` in
+//! `tmm0`–`tmm3`, activations `A` in `tmm4`–`tmm5`, weights `B` in `tmm6`–`tmm7`.
+//!
+//! Safety argument for [`Hardware`]: the compiler never allocates tile registers (no AMX
+//! target feature is enabled), so state carried between `asm!` blocks is ours alone; a kernel
+//! loads its configuration first and releases the tiles before returning, on the thread it
+//! runs on (tile state is per thread); loads and stores touch exactly `rows × colsb` bytes per
+//! tile at `base + row·stride`, which the callers bound; the instructions execute only after
+//! the process was granted the tile-data permission (`arch_prctl(ARCH_REQ_XCOMP_PERM, 18)`)
+//! and a child process ran them cleanly (`kernels::probe`).
+
+/// A tile configuration (palette 1): rows and bytes per row of each of the eight tiles.
+#[repr(C, align(64))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TileConfig {
+    bytes: [u8; 64],
+}
+
+impl TileConfig {
+    /// From `(rows, bytes per row)` of tiles 0..8 (unused tiles `(0, 0)`).
+    pub const fn new(shapes: [(u8, u16); 8]) -> Self {
+        let mut bytes = [0u8; 64];
+        bytes[0] = 1; // palette 1
+        let mut t = 0;
+        while t < 8 {
+            let (rows, colsb) = shapes[t];
+            bytes[16 + 2 * t] = colsb as u8;
+            bytes[17 + 2 * t] = (colsb >> 8) as u8;
+            bytes[48 + t] = rows;
+            t += 1;
+        }
+        Self { bytes }
+    }
+
+    /// `(rows, bytes per row)` of tile `t`.
+    pub fn shape(&self, t: usize) -> (usize, usize) {
+        let colsb = u16::from_le_bytes([self.bytes[16 + 2 * t], self.bytes[17 + 2 * t]]);
+        (self.bytes[48 + t] as usize, colsb as usize)
+    }
+}
+
+/// The tile instructions the kernels use. Tile indices follow the roles above.
+///
+/// # Safety
+/// Every method is unsafe: [`Hardware`]'s execute tile instructions (see the module's safety
+/// argument), and pointers must cover `rows × colsb` bytes at `base + row·stride`.
+pub trait Tiles {
+    /// `ldtilecfg`.
+    ///
+    /// # Safety
+    /// See the trait's.
+    unsafe fn configure(&mut self, cfg: &TileConfig);
+    /// `tilezero`.
+    ///
+    /// # Safety
+    /// See the trait's.
+    unsafe fn zero(&mut self, t: u8);
+    /// `tileloadd`: tile `t`'s rows from `base + row·stride`.
+    ///
+    /// # Safety
+    /// See the trait's.
+    unsafe fn load(&mut self, t: u8, base: *const u8, stride: usize);
+    /// `tilestored`.
+    ///
+    /// # Safety
+    /// See the trait's.
+    unsafe fn store(&mut self, t: u8, base: *mut u8, stride: usize);
+    /// `tdpbssd`: `C[m][n] += Σ_k A[m][4k..4k+4] · B[k][4n..4n+4]`, signed bytes both, in i32.
+    ///
+    /// # Safety
+    /// See the trait's.
+    unsafe fn dp_ss(&mut self, c: u8, a: u8, b: u8);
+    /// `tdpbsud`: as [`Tiles::dp_ss`] with `A` signed and `B` unsigned bytes.
+    ///
+    /// # Safety
+    /// See the trait's.
+    unsafe fn dp_su(&mut self, c: u8, a: u8, b: u8);
+    /// `tilerelease`.
+    ///
+    /// # Safety
+    /// See the trait's.
+    unsafe fn release(&mut self);
+}
+
+/// The CPU's tile unit.
+pub struct Hardware;
+
+#[cfg(target_arch = "x86_64")]
+mod hardware {
+    use super::{Hardware, TileConfig, Tiles};
+    use std::arch::asm;
+
+    /// One `asm!` per register of a role: the index must name the register literally.
+    macro_rules! each_tile {
+        ($t:expr, $pre:literal, $post:literal, $($operands:tt)*) => {
+            match $t {
+                0 => asm!(concat!($pre, "0", $post), $($operands)*),
+                1 => asm!(concat!($pre, "1", $post), $($operands)*),
+                2 => asm!(concat!($pre, "2", $post), $($operands)*),
+                3 => asm!(concat!($pre, "3", $post), $($operands)*),
+                4 => asm!(concat!($pre, "4", $post), $($operands)*),
+                5 => asm!(concat!($pre, "5", $post), $($operands)*),
+                6 => asm!(concat!($pre, "6", $post), $($operands)*),
+                7 => asm!(concat!($pre, "7", $post), $($operands)*),
+                _ => unreachable!("tile {}", $t),
+            }
+        };
+    }
+
+    /// A dot-product instruction on `(C, A, B)` within the roles (C 0–3, A 4–5, B 6–7).
+    macro_rules! dot {
+        ($insn:literal, $c:expr, $a:expr, $b:expr) => {
+            match ($c, $a, $b) {
+                (0, 4, 6) => asm!(concat!($insn, " tmm0, tmm4, tmm6"), options(nostack, nomem)),
+                (0, 4, 7) => asm!(concat!($insn, " tmm0, tmm4, tmm7"), options(nostack, nomem)),
+                (0, 5, 6) => asm!(concat!($insn, " tmm0, tmm5, tmm6"), options(nostack, nomem)),
+                (0, 5, 7) => asm!(concat!($insn, " tmm0, tmm5, tmm7"), options(nostack, nomem)),
+                (1, 4, 6) => asm!(concat!($insn, " tmm1, tmm4, tmm6"), options(nostack, nomem)),
+                (1, 4, 7) => asm!(concat!($insn, " tmm1, tmm4, tmm7"), options(nostack, nomem)),
+                (1, 5, 6) => asm!(concat!($insn, " tmm1, tmm5, tmm6"), options(nostack, nomem)),
+                (1, 5, 7) => asm!(concat!($insn, " tmm1, tmm5, tmm7"), options(nostack, nomem)),
+                (2, 4, 6) => asm!(concat!($insn, " tmm2, tmm4, tmm6"), options(nostack, nomem)),
+                (2, 4, 7) => asm!(concat!($insn, " tmm2, tmm4, tmm7"), options(nostack, nomem)),
+                (2, 5, 6) => asm!(concat!($insn, " tmm2, tmm5, tmm6"), options(nostack, nomem)),
+                (2, 5, 7) => asm!(concat!($insn, " tmm2, tmm5, tmm7"), options(nostack, nomem)),
+                (3, 4, 6) => asm!(concat!($insn, " tmm3, tmm4, tmm6"), options(nostack, nomem)),
+                (3, 4, 7) => asm!(concat!($insn, " tmm3, tmm4, tmm7"), options(nostack, nomem)),
+                (3, 5, 6) => asm!(concat!($insn, " tmm3, tmm5, tmm6"), options(nostack, nomem)),
+                (3, 5, 7) => asm!(concat!($insn, " tmm3, tmm5, tmm7"), options(nostack, nomem)),
+                other => unreachable!("tiles {other:?} outside the kernels' roles"),
+            }
+        };
+    }
+
+    impl Tiles for Hardware {
+        #[inline(always)]
+        unsafe fn configure(&mut self, cfg: &TileConfig) {
+            asm!("ldtilecfg [{0}]", in(reg) cfg as *const TileConfig, options(nostack, readonly));
+        }
+
+        #[inline(always)]
+        unsafe fn zero(&mut self, t: u8) {
+            each_tile!(t, "tilezero tmm", "", options(nostack, nomem));
+        }
+
+        #[inline(always)]
+        unsafe fn load(&mut self, t: u8, base: *const u8, stride: usize) {
+            each_tile!(
+                t,
+                "tileloadd tmm",
+                ", [{base} + {stride}*1]",
+                base = in(reg) base,
+                stride = in(reg) stride,
+                options(nostack, readonly)
+            );
+        }
+
+        #[inline(always)]
+        unsafe fn store(&mut self, t: u8, base: *mut u8, stride: usize) {
+            each_tile!(
+                t,
+                "tilestored [{base} + {stride}*1], tmm",
+                "",
+                base = in(reg) base,
+                stride = in(reg) stride,
+                options(nostack)
+            );
+        }
+
+        #[inline(always)]
+        unsafe fn dp_ss(&mut self, c: u8, a: u8, b: u8) {
+            dot!("tdpbssd", c, a, b);
+        }
+
+        #[inline(always)]
+        unsafe fn dp_su(&mut self, c: u8, a: u8, b: u8) {
+            dot!("tdpbsud", c, a, b);
+        }
+
+        #[inline(always)]
+        unsafe fn release(&mut self) {
+            asm!("tilerelease", options(nostack, nomem));
+        }
+    }
+}
+
+/// The tile instructions by their definitions (Intel SDM, "TDPBSSD/TDPBSUD/…", "TILELOADD",
+/// "TILESTORED", "TILEZERO"), with the shape checks whose failure raises #UD on a CPU.
+pub struct Emulated {
+    cfg: Option<TileConfig>,
+    data: [[u8; 1024]; 8],
+}
+
+impl Default for Emulated {
+    fn default() -> Self {
+        Self {
+            cfg: None,
+            data: [[0; 1024]; 8],
+        }
+    }
+}
+
+impl Emulated {
+    fn shape(&self, t: u8) -> (usize, usize) {
+        let cfg = self
+            .cfg
+            .as_ref()
+            .expect("tile instruction before ldtilecfg (#UD)");
+        let (rows, colsb) = cfg.shape(t as usize);
+        assert!(
+            rows > 0 && rows <= 16 && colsb > 0 && colsb <= 64,
+            "tile {t} is not configured (#UD)"
+        );
+        (rows, colsb)
+    }
+
+    fn dot(&mut self, (c, a, b): (u8, u8, u8), a_signed: bool, b_signed: bool) {
+        let ((rc, cc), (ra, ca), (rb, cb)) = (self.shape(c), self.shape(a), self.shape(b));
+        assert!(
+            cc == cb && rc == ra && ca / 4 == rb && ca % 4 == 0 && cc % 4 == 0,
+            "tile shapes C {rc}×{cc}, A {ra}×{ca}, B {rb}×{cb} do not fit (#UD)"
+        );
+        let byte = |v: u8, signed: bool| if signed { v as i8 as i32 } else { v as i32 };
+        let (ta, tb) = (self.data[a as usize], self.data[b as usize]);
+        let tc = &mut self.data[c as usize];
+        for m in 0..rc {
+            for n in 0..cc / 4 {
+                let at = 64 * m + 4 * n;
+                let mut acc = i32::from_le_bytes(tc[at..at + 4].try_into().unwrap());
+                for k in 0..ca / 4 {
+                    for i in 0..4 {
+                        let x = byte(ta[64 * m + 4 * k + i], a_signed);
+                        let y = byte(tb[64 * k + 4 * n + i], b_signed);
+                        acc = acc.wrapping_add(x * y);
+                    }
+                }
+                tc[at..at + 4].copy_from_slice(&acc.to_le_bytes());
+            }
+            // The rest of the row is zeroed.
+            tc[64 * m + cc..64 * (m + 1)].fill(0);
+        }
+        for row in rc..16 {
+            tc[64 * row..64 * (row + 1)].fill(0);
+        }
+    }
+}
+
+impl Tiles for Emulated {
+    unsafe fn configure(&mut self, cfg: &TileConfig) {
+        self.cfg = Some(*cfg);
+        self.data = [[0; 1024]; 8];
+    }
+
+    unsafe fn zero(&mut self, t: u8) {
+        self.shape(t);
+        self.data[t as usize] = [0; 1024];
+    }
+
+    unsafe fn load(&mut self, t: u8, base: *const u8, stride: usize) {
+        let (rows, colsb) = self.shape(t);
+        let tile = &mut self.data[t as usize];
+        *tile = [0; 1024];
+        for r in 0..rows {
+            let src = std::slice::from_raw_parts(base.add(r * stride), colsb);
+            tile[64 * r..64 * r + colsb].copy_from_slice(src);
+        }
+    }
+
+    unsafe fn store(&mut self, t: u8, base: *mut u8, stride: usize) {
+        let (rows, colsb) = self.shape(t);
+        for r in 0..rows {
+            let dst = std::slice::from_raw_parts_mut(base.add(r * stride), colsb);
+            dst.copy_from_slice(&self.data[t as usize][64 * r..64 * r + colsb]);
+        }
+    }
+
+    unsafe fn dp_ss(&mut self, c: u8, a: u8, b: u8) {
+        self.dot((c, a, b), true, true);
+    }
+
+    unsafe fn dp_su(&mut self, c: u8, a: u8, b: u8) {
+        self.dot((c, a, b), true, false);
+    }
+
+    unsafe fn release(&mut self) {
+        self.cfg = None;
+    }
+}
+
+/// Runs the same tile program on `tiles` and returns what it stored: every shape the kernels
+/// configure (K = 16, 32 and 64 bytes; 8 and 16 rows), both dot products, accumulation onto a
+/// loaded tile and onto a zeroed one, strides other than the row length, extreme bytes.
+pub fn known_answer_program<T: Tiles>(tiles: &mut T) -> Vec<u8> {
+    const SHAPES: [(u8, u16, u8); 4] = [(8, 32, 8), (8, 16, 4), (16, 64, 16), (8, 64, 16)];
+    let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = || {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let v = (seed >> 56) as u8;
+        // A fifth of the bytes at the extremes (0x80, 0x7F, 0xFF, 0x00).
+        match (seed >> 32) % 20 {
+            0 => 0x80,
+            1 => 0x7F,
+            2 => 0xFF,
+            3 => 0x00,
+            _ => v,
+        }
+    };
+    let a: Vec<u8> = (0..16 * 96).map(|_| next()).collect();
+    let b: Vec<u8> = (0..16 * 80).map(|_| next()).collect();
+    let c0: Vec<u8> = (0..16 * 64).map(|_| next()).collect();
+    let mut out = Vec::new();
+    for (rows, k_bytes, b_rows) in SHAPES {
+        let cfg = TileConfig::new([
+            (rows, 64),
+            (rows, 64),
+            (0, 0),
+            (0, 0),
+            (rows, k_bytes),
+            (0, 0),
+            (b_rows, 64),
+            (b_rows, 64),
+        ]);
+        let mut stored = vec![0u8; 2 * rows as usize * 64];
+        // SAFETY: the buffers cover every tile's rows at the strides used (A: 16 rows of 96
+        // bytes, B: 16 of 80, C: 16 of 64); the caller vouches for `tiles`.
+        unsafe {
+            tiles.configure(&cfg);
+            tiles.load(0, c0.as_ptr(), 64);
+            tiles.zero(1);
+            tiles.load(4, a.as_ptr().add(3), 96);
+            tiles.load(6, b.as_ptr(), 80);
+            tiles.load(7, b.as_ptr().add(16), 80);
+            tiles.dp_ss(0, 4, 6);
+            tiles.dp_su(1, 4, 7);
+            tiles.dp_su(0, 4, 7);
+            tiles.store(0, stored.as_mut_ptr(), 64);
+            tiles.store(1, stored.as_mut_ptr().add(rows as usize * 64), 64);
+            tiles.release();
+        }
+        out.extend_from_slice(&stored);
+    }
+    out
+}
+
+/// Whether this CPU's tile unit computes [`known_answer_program`] as the definitions do. Only
+/// called once the tile-data permission is held and a probe child ran the instructions.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn hardware_matches_definition() -> bool {
+    known_answer_program(&mut Hardware) == known_answer_program(&mut Emulated::default())
+}
+
+/// The tile unit's int8 peak on this thread, in GOP/s (two operations per multiply-add),
+/// measured as Intel's figure is: four independent 16 × 16 accumulators, each `tdpbssd` of a
+/// 16 × 64-byte `A` by a 16 × 64-byte `B` (32,768 operations). `None` where this process does
+/// not use AMX.
+pub fn peak_gops() -> Option<f64> {
+    if crate::model::kernels::isa() < crate::model::kernels::Isa::Amx {
+        return None;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        const ROUNDS: usize = 200_000;
+        let cfg = TileConfig::new([
+            (16, 64),
+            (16, 64),
+            (16, 64),
+            (16, 64),
+            (16, 64),
+            (0, 0),
+            (16, 64),
+            (0, 0),
+        ]);
+        let data = [1u8; 1024];
+        let mut t = Hardware;
+        // SAFETY: AMX is in use by this process (checked above: permission held, probe and
+        // known-answer check passed); `data` covers 16 rows of 64 bytes.
+        let elapsed = unsafe {
+            t.configure(&cfg);
+            for c in 0..4 {
+                t.zero(c);
+            }
+            t.load(4, data.as_ptr(), 64);
+            t.load(6, data.as_ptr(), 64);
+            let start = std::time::Instant::now();
+            for _ in 0..ROUNDS {
+                t.dp_ss(0, 4, 6);
+                t.dp_ss(1, 4, 6);
+                t.dp_ss(2, 4, 6);
+                t.dp_ss(3, 4, 6);
+            }
+            let elapsed = start.elapsed();
+            t.release();
+            elapsed
+        };
+        Some((ROUNDS * 4 * 32_768) as f64 / elapsed.as_secs_f64() / 1e9)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_configuration_has_the_documented_layout() {
+        let cfg = TileConfig::new([
+            (8, 64),
+            (16, 32),
+            (0, 0),
+            (0, 0),
+            (0, 0),
+            (0, 0),
+            (4, 64),
+            (1, 2),
+        ]);
+        assert_eq!(cfg.bytes[0], 1);
+        assert_eq!(&cfg.bytes[16..20], &[64, 0, 32, 0]);
+        assert_eq!(&cfg.bytes[48..50], &[8, 16]);
+        assert_eq!((cfg.shape(6), cfg.shape(7)), ((4, 64), (1, 2)));
+        assert_eq!(std::mem::align_of::<TileConfig>(), 64);
+    }
+
+    #[test]
+    fn the_emulated_dot_products_follow_the_definition() {
+        // C 2×8 (two i32), A 2×8 (K = 8 bytes), B 2×8.
+        let cfg = TileConfig::new([
+            (2, 8),
+            (0, 0),
+            (0, 0),
+            (0, 0),
+            (2, 8),
+            (0, 0),
+            (2, 8),
+            (0, 0),
+        ]);
+        let a: [u8; 16] = [1, 2, 3, 4, 0xFF, 0, 0, 0, 0x80, 1, 1, 1, 2, 2, 2, 2];
+        let b: [u8; 16] = [1, 1, 1, 1, 0xFF, 0, 0, 0, 1, 0, 0, 0, 0x80, 0, 0, 0];
+        let mut t = Emulated::default();
+        let mut c = [0u8; 16];
+        unsafe {
+            t.configure(&cfg);
+            t.load(4, a.as_ptr(), 8);
+            t.load(6, b.as_ptr(), 8);
+            t.dp_ss(0, 4, 6);
+            t.store(0, c.as_mut_ptr(), 8);
+        }
+        let c: Vec<i32> = c
+            .chunks_exact(4)
+            .map(|w| i32::from_le_bytes(w.try_into().unwrap()))
+            .collect();
+        // Row 0: n=0: (1+2+3+4)·1 + (−1)·1 = 9; n=1: 1·(−1) + (−1)·(−128) = 127.
+        // Row 1: n=0: −128+1+1+1 + 2·1 = −123; n=1: −128·(−1) + 2·(−128) = −128.
+        assert_eq!(c, [9, 127, -123, -128]);
+        let mut u = [0u8; 16];
+        unsafe {
+            t.zero(0);
+            t.dp_su(0, 4, 6);
+            t.store(0, u.as_mut_ptr(), 8);
+        }
+        // B unsigned: 0xFF = 255, 0x80 = 128. Row 0, n=0: 10 + (−1)·1 = 9 (as signed);
+        // n=1: 1·255 + (−1)·128 = 127; row 1, n=1: −128·255 + 2·128 = −32384.
+        let u: Vec<i32> = u
+            .chunks_exact(4)
+            .map(|w| i32::from_le_bytes(w.try_into().unwrap()))
+            .collect();
+        assert_eq!(u, [9, 127, -123, -32384]);
+    }
+
+    #[test]
+    #[should_panic(expected = "#UD")]
+    fn mismatched_shapes_fault_as_on_a_cpu() {
+        let cfg = TileConfig::new([
+            (2, 8),
+            (0, 0),
+            (0, 0),
+            (0, 0),
+            (2, 16),
+            (0, 0),
+            (2, 8),
+            (0, 0),
+        ]);
+        let mut t = Emulated::default();
+        unsafe {
+            t.configure(&cfg);
+            t.dp_ss(0, 4, 6);
+        }
+    }
+
+    /// On a CPU with AMX the hardware runs the known-answer program as the definitions do (the
+    /// start-up check); elsewhere the test says it was skipped, and fails under
+    /// `PPL_REQUIRE_AMX=1`.
+    #[test]
+    fn the_cpu_tile_unit_matches_the_definitions_where_it_exists() {
+        use crate::model::kernels::{isa_choice, Isa};
+        let choice = isa_choice();
+        if choice.used < Isa::Amx {
+            crate::model::kernels::tests::amx_skipped(&choice);
+            return;
+        }
+        #[cfg(target_arch = "x86_64")]
+        assert!(hardware_matches_definition());
+    }
+}
