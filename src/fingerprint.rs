@@ -143,8 +143,13 @@ pub fn cpu_features() -> Vec<&'static str> {
             "f16c",
             "avx512f",
             "avx512vnni",
+            "avx512bf16",
             "avxvnni"
         );
+        // AMX-TILE and AMX-INT8 (CPUID leaf 7; the standard library's detection is unstable).
+        if crate::model::kernels::amx_advertised() {
+            v.push("amx-int8");
+        }
     }
     #[cfg(target_arch = "aarch64")]
     {

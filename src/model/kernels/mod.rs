@@ -200,7 +200,7 @@ fn advertised() -> Isa {
 /// CPUID leaf 7: AMX-TILE (EDX bit 24) and AMX-INT8 (bit 25). Read directly: the standard
 /// library's detection of AMX features is not stable.
 #[cfg(target_arch = "x86_64")]
-fn amx_advertised() -> bool {
+pub(crate) fn amx_advertised() -> bool {
     use std::arch::x86_64::__cpuid_count;
     // Leaf 7 is read only where the maximum leaf (leaf 0's EAX) reaches it.
     if __cpuid_count(0, 0).eax < 7 {
