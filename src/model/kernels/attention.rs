@@ -19,6 +19,23 @@ use rayon::prelude::*;
 
 /// Queries per parallel task (tasks are (sequence, head, query block)).
 const QUERY_BLOCK: usize = 32;
+/// Keys per block of the score and value passes: a block of `Kᵀ` or `V` (32 KiB for 64-value
+/// heads) stays in L1 while the task's query groups pass over it.
+const KEY_BLOCK: usize = 128;
+
+thread_local! {
+    /// A task's scores `[QUERY_BLOCK][cols]`, kept per thread (1 MiB at t = 8192): written by
+    /// the score pass before anything reads them.
+    static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// `keys` in blocks of [`KEY_BLOCK`] (aligned to it).
+fn key_blocks(keys: std::ops::Range<usize>) -> impl Iterator<Item = std::ops::Range<usize>> {
+    let end = keys.end;
+    (keys.start / KEY_BLOCK * KEY_BLOCK..end)
+        .step_by(KEY_BLOCK)
+        .map(move |b| b..(b + KEY_BLOCK).min(end))
+}
 /// Queries whose scores are computed together (they share each key load).
 const QUERY_GROUP: usize = 4;
 /// Keys per score vector; key columns are padded to a multiple of `2·KEY_LANES`.
@@ -153,38 +170,72 @@ struct Head<'a> {
 }
 
 impl Head<'_> {
-    /// Outputs of the queries `i0..i0 + out.len()/d` into `out`.
+    /// Outputs of the queries `i0..i0 + out.len()/d` into `out`, in three passes over the
+    /// block's keys: scores, softmax, weighted values. The first and last run key block by key
+    /// block with the block's query groups inside, so a block of `Kᵀ` or `V` is read from
+    /// memory once for all of them and then from L1 (query group by query group, every group
+    /// streamed the head's whole `Kᵀ` and `V`, up to 2 MiB each at t = 8192, from L3). The
+    /// loops are only reordered: each score is still one chain over the head dimension, and
+    /// each output element's chain over the keys is paused at a block's end with its value in
+    /// `out` and resumed there, so every value is the same.
     fn queries(&self, i0: usize, out: &mut [f32]) {
         let d = self.d;
         let n = out.len() / d;
-        let mut scores = vec![0f32; QUERY_GROUP * self.cols];
-        for g0 in (0..n).step_by(QUERY_GROUP) {
-            let live = QUERY_GROUP.min(n - g0);
-            let first = i0 + g0;
-            let last = first + live - 1;
-            // Keys any query of the group sees, rounded out to whole vectors.
-            let lo = (first + 1).saturating_sub(self.window) / (2 * KEY_LANES) * (2 * KEY_LANES);
-            let hi = (last + 1).div_ceil(2 * KEY_LANES) * 2 * KEY_LANES;
-            self.scores(first, live, lo..hi, &mut scores);
-            // Each live query's visible keys; the rest stay empty.
-            let mut rows: [&mut [f32]; QUERY_GROUP] = Default::default();
-            for (r, (slot, row)) in rows
-                .iter_mut()
-                .zip(scores.chunks_mut(self.cols))
-                .enumerate()
-            {
-                if r < live {
-                    *slot = &mut row[self.visible(first + r)];
+        SCORES.with(|buffer| {
+            let mut buffer = buffer.borrow_mut();
+            if buffer.len() < QUERY_BLOCK * self.cols {
+                buffer.resize(QUERY_BLOCK * self.cols, 0.0);
+            }
+            let scores = &mut buffer[..n.div_ceil(QUERY_GROUP) * QUERY_GROUP * self.cols];
+            let groups = (0..n).step_by(QUERY_GROUP).map(|g0| {
+                let (first, live) = (i0 + g0, QUERY_GROUP.min(n - g0));
+                // Keys any query of the group sees, rounded out to whole vectors.
+                let lo = (first + 1).saturating_sub(self.window) / (2 * KEY_LANES);
+                let hi = (first + live).div_ceil(2 * KEY_LANES);
+                (first, live, lo * 2 * KEY_LANES..hi * 2 * KEY_LANES)
+            });
+            let groups: Vec<_> = groups.collect();
+            let all = groups[0].2.start..groups[groups.len() - 1].2.end;
+            for block in key_blocks(all.clone()) {
+                for (&(first, live, ref keys), rows) in groups
+                    .iter()
+                    .zip(scores.chunks_mut(QUERY_GROUP * self.cols))
+                {
+                    let keys = keys.start.max(block.start)..keys.end.min(block.end);
+                    if !keys.is_empty() {
+                        self.scores(first, live, keys, rows);
+                    }
                 }
             }
-            softmax_rows(self.isa, &mut rows, self.scale);
-            let group = ValueGroup::new(
-                std::array::from_fn(|r| &*rows[r]),
-                std::array::from_fn(|r| self.visible(first + r).start),
-                live,
-            );
-            weighted_values(self.isa, &group, self.v, &mut out[g0 * d..(g0 + live) * d]);
-        }
+            out.fill(0.0);
+            // Each query's visible keys (the rows of a group's absent queries stay unused).
+            let mut visible: Vec<&mut [f32]> = scores
+                .chunks_mut(self.cols)
+                .take(n)
+                .enumerate()
+                .map(|(r, row)| &mut row[self.visible(i0 + r)])
+                .collect();
+            softmax_rows(self.isa, &mut visible, self.scale);
+            let mut probs = visible.into_iter().map(|row| &*row);
+            let value_groups: Vec<ValueGroup<'_>> = groups
+                .iter()
+                .map(|&(first, live, _)| {
+                    ValueGroup::new(
+                        std::array::from_fn(|r| if r < live { probs.next().unwrap() } else { &[] }),
+                        std::array::from_fn(|r| self.visible(first + r).start),
+                        live,
+                    )
+                })
+                .collect();
+            for block in key_blocks(all) {
+                for (g, out) in value_groups.iter().zip(out.chunks_mut(QUERY_GROUP * d)) {
+                    let keys = g.keys.start.max(block.start)..g.keys.end.min(block.end);
+                    if !keys.is_empty() {
+                        weighted_values(self.isa, g, keys, self.v, out);
+                    }
+                }
+            }
+        });
     }
 
     /// The keys query `i` sees.
@@ -235,33 +286,65 @@ impl Head<'_> {
 }
 
 /// In place, per row: `s·scale`, minus the row's max, exponentiated, divided by their sum
-/// in key order. The rows' sums are independent chains and run interleaved, so that their
-/// additions overlap (one sequential chain per row was a tenth of the attention time).
-fn softmax_rows(isa: super::Isa, rows: &mut [&mut [f32]; QUERY_GROUP], scale: f32) {
+/// in key order. The rows' sums are independent chains and run interleaved, eight at a time,
+/// so that their additions overlap (one sequential chain per row was a tenth of the attention
+/// time; four at a time still waited on the adder's latency).
+fn softmax_rows(isa: super::Isa, rows: &mut [&mut [f32]], scale: f32) {
+    const CHAINS: usize = 8;
     for row in rows.iter_mut() {
         let max = scale_and_max(isa, row, scale);
-        for s in row.iter_mut() {
-            *s -= max;
-        }
-        super::math::exp_in_place_with(isa, row);
+        super::math::exp_shifted_in_place_with(isa, row, max);
     }
+    for rows in rows.chunks_mut(CHAINS) {
+        let sums: Vec<f32> = match rows.len() {
+            CHAINS => row_sums::<CHAINS>(rows).to_vec(),
+            n => rows
+                .chunks(1.max(n / 2))
+                .flat_map(|half| match half.len() {
+                    4 => row_sums::<4>(half).to_vec(),
+                    2 => row_sums::<2>(half).to_vec(),
+                    _ => half
+                        .iter()
+                        .map(|row| row_sums::<1>(std::slice::from_ref(row))[0])
+                        .collect(),
+                })
+                .collect(),
+        };
+        for (row, sum) in rows.iter_mut().zip(sums) {
+            divide(isa, row, sum);
+        }
+    }
+}
+
+/// The sums of `N` rows, each in key order from zero, as `N` interleaved chains (a fixed `N`
+/// keeps the chains in registers).
+fn row_sums<const N: usize>(rows: &[&mut [f32]]) -> [f32; N] {
     let shortest = rows.iter().map(|r| r.len()).min().unwrap_or(0);
-    let heads: [&[f32]; QUERY_GROUP] = std::array::from_fn(|r| &rows[r][..shortest]);
-    let mut sums = [0f32; QUERY_GROUP];
+    let heads: [&[f32]; N] = std::array::from_fn(|r| &rows[r][..shortest]);
+    let mut sums = [0f32; N];
     for j in 0..shortest {
         for (sum, head) in sums.iter_mut().zip(&heads) {
             *sum += head[j];
         }
     }
-    for (sum, row) in sums.iter_mut().zip(rows.iter()) {
+    for (sum, row) in sums.iter_mut().zip(rows) {
         for &e in &row[shortest..] {
             *sum += e;
         }
     }
-    for (row, sum) in rows.iter_mut().zip(sums) {
-        for s in row.iter_mut() {
-            *s /= sum;
-        }
+    sums
+}
+
+/// `x / divisor` for every element: exact per element, so any vector width gives the same bits.
+fn divide(isa: super::Isa, row: &mut [f32], divisor: f32) {
+    #[cfg(target_arch = "x86_64")]
+    if isa.min(super::isa()) >= super::Isa::Avx512 {
+        // SAFETY: AVX-512F was detected and seen to execute.
+        return unsafe { avx512::divide(row, divisor) };
+    }
+    let _ = isa;
+    for s in row.iter_mut() {
+        *s /= divisor;
     }
 }
 
@@ -310,14 +393,24 @@ impl<'a> ValueGroup<'a> {
     }
 }
 
-/// `out_r[dd] = Σ_j p_r[j − start_r]·v[j·d + dd]` for the group's queries (`out` holds their
-/// rows of `d`): one fused multiply-add chain per element over its query's keys in order.
-/// The SIMD paths run the queries together: their chains are independent, so they overlap,
-/// and each `v_j` is loaded once for the group.
-fn weighted_values(isa: super::Isa, g: &ValueGroup<'_>, v: &[f32], out: &mut [f32]) {
+/// `out_r[dd] += Σ_{j ∈ keys} p_r[j − start_r]·v[j·d + dd]` for the group's queries (`out`
+/// holds their rows of `d`, the chains so far): one fused multiply-add chain per element over
+/// its query's keys in order, continued from `out` (zero before the first keys). The SIMD paths
+/// run the queries together: their chains are independent, so they overlap, and each `v_j` is
+/// loaded once for the group.
+fn weighted_values(
+    isa: super::Isa,
+    g: &ValueGroup<'_>,
+    keys: std::ops::Range<usize>,
+    v: &[f32],
+    out: &mut [f32],
+) {
     let d = out.len() / g.live.max(1);
     assert!(
-        out.len() == g.live * d && v.len() >= g.keys.end * d,
+        out.len() == g.live * d
+            && keys.start >= g.keys.start
+            && keys.end <= g.keys.end
+            && v.len() >= g.keys.end * d,
         "value group shapes"
     );
     #[cfg(target_arch = "x86_64")]
@@ -326,17 +419,17 @@ fn weighted_values(isa: super::Isa, g: &ValueGroup<'_>, v: &[f32], out: &mut [f3
         if level >= super::Isa::Avx512 && d.is_multiple_of(16) {
             // SAFETY: AVX-512F was detected and seen to execute; `v` holds the group's key
             // rows and `out` its rows of `d` (asserted above).
-            return unsafe { avx512::weighted_values(g, v, d, out) };
+            return unsafe { avx512::weighted_values(g, keys, v, d, out) };
         }
         if level >= super::Isa::Avx2 && d.is_multiple_of(8) {
             // SAFETY: as above, for AVX2 and FMA.
-            return unsafe { avx2::weighted_values(g, v, d, out) };
+            return unsafe { avx2::weighted_values(g, keys, v, d, out) };
         }
     }
     let _ = isa;
     for (r, o) in out.chunks_exact_mut(d).enumerate() {
-        o.fill(0.0);
-        for (j, &p) in (g.start[r]..g.end[r]).zip(g.probs[r]) {
+        for j in g.start[r].max(keys.start)..g.end[r].min(keys.end) {
+            let p = g.probs[r][j - g.start[r]];
             for (o, &x) in o.iter_mut().zip(&v[j * d..(j + 1) * d]) {
                 *o = p.mul_add(x, *o);
             }
@@ -413,28 +506,42 @@ mod avx2 {
     /// [`super::weighted_values`] 16 columns (two vectors) at a time for the four queries:
     /// eight independent FMA chains, and each `v_j` vector loaded once for the group.
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn weighted_values(g: &ValueGroup<'_>, v: &[f32], d: usize, out: &mut [f32]) {
+    pub(super) unsafe fn weighted_values(
+        g: &ValueGroup<'_>,
+        keys: std::ops::Range<usize>,
+        v: &[f32],
+        d: usize,
+        out: &mut [f32],
+    ) {
         for c0 in (0..d).step_by(16) {
             // SAFETY: c0 + 8·V ≤ d; keys < g.keys.end, whose rows `v` holds (the caller's
             // assert).
             if d - c0 >= 16 {
-                columns::<2>(g, v, (d, c0), out);
+                columns::<2>(g, keys.clone(), v, (d, c0), out);
             } else {
-                columns::<1>(g, v, (d, c0), out);
+                columns::<1>(g, keys.clone(), v, (d, c0), out);
             }
         }
     }
 
-    /// Output columns `c0..c0 + 8·V` of the group's queries.
+    /// Output columns `c0..c0 + 8·V` of the group's queries, their chains continued over
+    /// `keys`.
     #[target_feature(enable = "avx2,fma")]
     unsafe fn columns<const V: usize>(
         g: &ValueGroup<'_>,
+        keys: std::ops::Range<usize>,
         v: &[f32],
         (d, c0): (usize, usize),
         out: &mut [f32],
     ) {
         let mut acc = [[_mm256_setzero_ps(); V]; QUERY_GROUP];
-        for j in g.keys.clone() {
+        for (r, acc_r) in acc.iter_mut().enumerate().take(g.live) {
+            let o = out.as_ptr().add(r * d + c0);
+            for (c, a) in acc_r.iter_mut().enumerate() {
+                *a = _mm256_loadu_ps(o.add(8 * c));
+            }
+        }
+        for j in keys {
             let row = v.as_ptr().add(j * d + c0);
             let vj: [__m256; V] = std::array::from_fn(|c| _mm256_loadu_ps(row.add(8 * c)));
             for (r, acc_r) in acc.iter_mut().enumerate().take(g.live) {
@@ -700,10 +807,17 @@ mod tests {
                     }
                 }
                 for isa in available_isas() {
-                    let mut got = vec![f32::NAN; live * d];
-                    weighted_values(isa, &group, &v, &mut got);
+                    // Whole, and resumed at key 11 and at key 24: the same chains.
                     let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                    let mut got = vec![0f32; live * d];
+                    weighted_values(isa, &group, group.keys.clone(), &v, &mut got);
                     assert_eq!(bits(&got), bits(&want), "{isa:?} d {d}, {live} queries");
+                    let mut parts = vec![0f32; live * d];
+                    let (a, b) = (group.keys.start, group.keys.end);
+                    for keys in [a..11.max(a), 11.max(a)..24.min(b), 24.min(b)..b] {
+                        weighted_values(isa, &group, keys, &v, &mut parts);
+                    }
+                    assert_eq!(bits(&parts), bits(&want), "{isa:?} d {d}, resumed");
                 }
             }
         }

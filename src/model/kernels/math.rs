@@ -15,21 +15,28 @@ pub fn exp_in_place(xs: &mut [f32]) {
 
 /// [`exp_in_place`] at level `isa`, lowered to what this process may use.
 pub(crate) fn exp_in_place_with(isa: super::Isa, xs: &mut [f32]) {
+    exp_shifted_in_place_with(isa, xs, 0.0)
+}
+
+/// `e^(x − shift)` for every element, `x − shift` rounded to f32 first: the bits of
+/// subtracting in place and then [`exp_in_place`] (a softmax's shift by the row's maximum),
+/// in one pass. A shift of zero changes no input (`x − 0 = x`, −0 included).
+pub(crate) fn exp_shifted_in_place_with(isa: super::Isa, xs: &mut [f32], shift: f32) {
     #[cfg(target_arch = "x86_64")]
     {
         match isa.min(super::isa()) {
             // SAFETY: AVX-512F was detected and seen to execute.
             super::Isa::Avx512 | super::Isa::Avx512Bf16 | super::Isa::Amx => {
-                return unsafe { avx512::exp_in_place(xs) }
+                return unsafe { avx512::exp_in_place(xs, shift) }
             }
             // SAFETY: AVX2 and FMA were detected and seen to execute.
-            super::Isa::Avx2 => return unsafe { avx2::exp_in_place(xs) },
+            super::Isa::Avx2 => return unsafe { avx2::exp_in_place(xs, shift) },
             super::Isa::Portable => {}
         }
     }
     let _ = isa;
     for x in xs {
-        *x = exp(*x);
+        *x = exp(*x - shift);
     }
 }
 
@@ -141,14 +148,15 @@ mod avx2 {
     use std::arch::x86_64::*;
 
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn exp_in_place(xs: &mut [f32]) {
+    pub(super) unsafe fn exp_in_place(xs: &mut [f32], shift: f32) {
+        let s = _mm256_set1_ps(shift);
         let mut chunks = xs.chunks_exact_mut(8);
         for c in &mut chunks {
-            let x = _mm256_loadu_ps(c.as_ptr());
+            let x = _mm256_sub_ps(_mm256_loadu_ps(c.as_ptr()), s);
             _mm256_storeu_ps(c.as_mut_ptr(), exp8(x));
         }
         for x in chunks.into_remainder() {
-            *x = super::exp(*x);
+            *x = super::exp(*x - shift);
         }
     }
 
@@ -202,14 +210,15 @@ mod avx512 {
     use std::arch::x86_64::*;
 
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn exp_in_place(xs: &mut [f32]) {
+    pub(super) unsafe fn exp_in_place(xs: &mut [f32], shift: f32) {
+        let s = _mm512_set1_ps(shift);
         let mut chunks = xs.chunks_exact_mut(16);
         for c in &mut chunks {
-            let x = _mm512_loadu_ps(c.as_ptr());
+            let x = _mm512_sub_ps(_mm512_loadu_ps(c.as_ptr()), s);
             _mm512_storeu_ps(c.as_mut_ptr(), exp16(x));
         }
         for x in chunks.into_remainder() {
-            *x = super::exp(*x);
+            *x = super::exp(*x - shift);
         }
     }
 

@@ -6,8 +6,9 @@ use super::{kt_index, Head, ValueGroup, KEY_LANES, KEY_TILE, QUERY_GROUP};
 use std::arch::x86_64::*;
 
 /// The AVX2 `scores` on 16-key zmm vectors: each score is still its own FMA chain over
-/// the head dimension in order. Two vectors (32 keys) per query while the range allows,
-/// so eight independent chains hide the FMA latency as in the AVX2 version.
+/// the head dimension in order. Four vectors (64 keys) per query while the range allows:
+/// sixteen independent chains, and half a load per FMA (two vectors: eight chains, three
+/// quarters of a load per FMA).
 #[target_feature(enable = "avx512f,avx2,fma")]
 pub(super) unsafe fn scores(
     h: &Head<'_>,
@@ -27,7 +28,10 @@ pub(super) unsafe fn scores(
     let mut j = keys.start;
     while j < keys.end {
         // SAFETY: the asserts above bound every read and write.
-        if j + 4 * KEY_LANES <= keys.end {
+        if j + 8 * KEY_LANES <= keys.end {
+            key_block::<4>(h, &qrow, live, j, scores);
+            j += 8 * KEY_LANES;
+        } else if j + 4 * KEY_LANES <= keys.end {
             key_block::<2>(h, &qrow, live, j, scores);
             j += 4 * KEY_LANES;
         } else {
@@ -38,40 +42,77 @@ pub(super) unsafe fn scores(
 }
 
 /// [`super::weighted_values`] 64 columns (four vectors) at a time for the four queries:
-/// sixteen independent FMA chains, and each `v_j` vector loaded once for the group.
+/// sixteen independent FMA chains, continued from `out`, and each `v_j` vector loaded once for
+/// the group.
 #[target_feature(enable = "avx512f")]
-pub(super) unsafe fn weighted_values(g: &ValueGroup<'_>, v: &[f32], d: usize, out: &mut [f32]) {
+pub(super) unsafe fn weighted_values(
+    g: &ValueGroup<'_>,
+    keys: std::ops::Range<usize>,
+    v: &[f32],
+    d: usize,
+    out: &mut [f32],
+) {
     for c0 in (0..d).step_by(64) {
         // SAFETY: c0 + 16·V ≤ d; keys < g.keys.end, whose rows `v` holds (the caller's assert).
+        let keys = keys.clone();
         match (d - c0) / 16 {
-            1 => columns::<1>(g, v, (d, c0), out),
-            2 => columns::<2>(g, v, (d, c0), out),
-            3 => columns::<3>(g, v, (d, c0), out),
-            _ => columns::<4>(g, v, (d, c0), out),
+            1 => columns::<1>(g, keys, v, (d, c0), out),
+            2 => columns::<2>(g, keys, v, (d, c0), out),
+            3 => columns::<3>(g, keys, v, (d, c0), out),
+            _ => columns::<4>(g, keys, v, (d, c0), out),
         }
     }
 }
 
-/// Output columns `c0..c0 + 16·V` of the group's queries.
+/// Output columns `c0..c0 + 16·V` of the group's queries, their chains continued over `keys`.
 #[target_feature(enable = "avx512f")]
 unsafe fn columns<const V: usize>(
     g: &ValueGroup<'_>,
+    keys: std::ops::Range<usize>,
     v: &[f32],
     (d, c0): (usize, usize),
     out: &mut [f32],
 ) {
     let mut acc = [[_mm512_setzero_ps(); V]; QUERY_GROUP];
-    for j in g.keys.clone() {
+    for (r, acc_r) in acc.iter_mut().enumerate().take(g.live) {
+        let o = out.as_ptr().add(r * d + c0);
+        for (c, a) in acc_r.iter_mut().enumerate() {
+            *a = _mm512_loadu_ps(o.add(16 * c));
+        }
+    }
+    // The keys every query of a full group sees run without a per-query range check (the
+    // bulk of a causal row); the edges with it. Either way each chain takes its keys in order.
+    let every = if g.live == QUERY_GROUP {
+        let (lo, hi) = (g.start.iter().max(), g.end.iter().min());
+        keys.start.max(*lo.unwrap_or(&0))..keys.end.min(*hi.unwrap_or(&0))
+    } else {
+        keys.start..keys.start
+    };
+    let bulk = if every.is_empty() {
+        keys.end..keys.end
+    } else {
+        every
+    };
+    let step = |acc: &mut [[__m512; V]; QUERY_GROUP], j: usize, checked: bool| {
         let row = v.as_ptr().add(j * d + c0);
         let vj: [__m512; V] = std::array::from_fn(|c| _mm512_loadu_ps(row.add(16 * c)));
         for (r, acc_r) in acc.iter_mut().enumerate().take(g.live) {
-            if (g.start[r]..g.end[r]).contains(&j) {
+            if !checked || (g.start[r]..g.end[r]).contains(&j) {
                 let p = _mm512_set1_ps(*g.probs[r].get_unchecked(j - g.start[r]));
                 for (a, x) in acc_r.iter_mut().zip(&vj) {
                     *a = _mm512_fmadd_ps(p, *x, *a);
                 }
             }
         }
+    };
+    for j in keys.start..bulk.start {
+        step(&mut acc, j, true);
+    }
+    for j in bulk.clone() {
+        step(&mut acc, j, false);
+    }
+    for j in bulk.end..keys.end {
+        step(&mut acc, j, true);
     }
     for (r, acc_r) in acc.iter().enumerate().take(g.live) {
         let o = out.as_mut_ptr().add(r * d + c0);
@@ -109,5 +150,22 @@ unsafe fn key_block<const V: usize>(
         for (v, a) in acc_r.iter().enumerate() {
             _mm512_storeu_ps(out.add(16 * v), *a);
         }
+    }
+}
+
+/// [`super::divide`] on sixteen lanes (`vdivps` rounds each quotient as the scalar division
+/// does).
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn divide(row: &mut [f32], divisor: f32) {
+    let dv = _mm512_set1_ps(divisor);
+    let mut chunks = row.chunks_exact_mut(16);
+    for c in &mut chunks {
+        _mm512_storeu_ps(
+            c.as_mut_ptr(),
+            _mm512_div_ps(_mm512_loadu_ps(c.as_ptr()), dv),
+        );
+    }
+    for s in chunks.into_remainder() {
+        *s /= divisor;
     }
 }
