@@ -4,7 +4,9 @@
 //! split, with the model's own max length and with `max_length=512`). ppl on the same
 //! checkpoint must give its metrics within 1e-4 relative and every page's log-likelihood
 //! within 1e-4 nats per token; its detokenizer must give lm-eval's output on the fixture's
-//! lines; the GGUF and its checkpoint must give the same bits, on any number of ranks.
+//! lines; the GGUF and its checkpoint must give the same bits, on any number of ranks. A second
+//! fixture, `lmeval-wikitext-first6.json` (`scripts/lmeval-speed.sh 6`), holds lm-eval on the
+//! first six pages of the split, read by ppl from the split's own file.
 
 mod common;
 
@@ -18,16 +20,31 @@ use ppl::task::wikitext;
 use predicates::prelude::PredicateBooleanExt;
 use predicates::str::contains;
 
+fn read_fixture(name: &str) -> serde_json::Value {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name);
+    serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap()
+}
+
 fn fixture() -> &'static serde_json::Value {
     static F: OnceLock<serde_json::Value> = OnceLock::new();
-    F.get_or_init(|| {
-        let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/lmeval-wikitext.json");
-        serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap()
-    })
+    F.get_or_init(|| read_fixture("lmeval-wikitext.json"))
+}
+
+/// lm-eval on the first six pages of the split (the subset of the speed comparison in the
+/// README, written by round 1 of `scripts/lmeval-speed.sh 6`).
+fn first_pages_fixture() -> &'static serde_json::Value {
+    static F: OnceLock<serde_json::Value> = OnceLock::new();
+    F.get_or_init(|| read_fixture("lmeval-wikitext-first6.json"))
 }
 
 fn fixture_run(max_length: &str) -> &'static serde_json::Value {
-    fixture()["runs"]
+    run_of(fixture(), max_length)
+}
+
+fn run_of<'a>(fixture: &'a serde_json::Value, max_length: &str) -> &'a serde_json::Value {
+    fixture["runs"]
         .as_array()
         .unwrap()
         .iter()
@@ -113,6 +130,11 @@ fn run_task(model: &Path, args: &[&str]) -> Results {
 
 /// ppl's metrics and per-page log-likelihoods against one lm-eval run of the fixture.
 fn assert_matches_lm_eval(r: &Results, run: &serde_json::Value) {
+    assert_matches(r, fixture(), run)
+}
+
+/// [`assert_matches_lm_eval`] against a run of `fixture`.
+fn assert_matches(r: &Results, fixture: &serde_json::Value, run: &serde_json::Value) {
     let rel = |ours: f64, theirs: &serde_json::Value| {
         let t = theirs.as_f64().unwrap();
         ((ours - t) / t).abs()
@@ -135,7 +157,7 @@ fn assert_matches_lm_eval(r: &Results, run: &serde_json::Value) {
         per_doc[w.group].0 += w.nll_sum;
         per_doc[w.group].1 += w.tokens;
     }
-    let tokens = &fixture()["tokens"];
+    let tokens = &fixture["tokens"];
     for (d, (nll, n)) in docs.iter().zip(&per_doc) {
         let index = d["index"].as_u64().unwrap();
         assert_eq!(
@@ -199,6 +221,38 @@ fn the_task_on_the_checkpoint_matches_lm_eval_at_the_models_length() {
     assert_eq!(r.config["task"]["window"], "model");
     assert_eq!(r.config["method"], "rolling");
     assert_matches_lm_eval(&r, fixture_run("model"));
+}
+
+#[test]
+fn the_first_pages_of_the_split_match_lm_eval() {
+    // The split's own file, its first six pages (`--chunks` counts pages under a task): the
+    // subset both tools were timed on (README, "lm-eval's speed").
+    let run = run_of(first_pages_fixture(), "model");
+    let pages = run["documents"].as_array().unwrap().len();
+    assert_eq!(pages, 6);
+    for (i, d) in run["documents"].as_array().unwrap().iter().enumerate() {
+        assert_eq!(
+            d["index"].as_u64(),
+            Some(i as u64),
+            "the first pages, in order"
+        );
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("r.json");
+    ppl_cmd()
+        .arg("eval")
+        .arg("--model")
+        .arg(checkpoint())
+        .arg("--data")
+        .arg(common::wikitext())
+        .args(["--task", "wikitext", "--chunks", "6", "--precision", "f32"])
+        .args(["--progress", "none", "--quiet", "--output"])
+        .arg(&out)
+        .assert()
+        .success();
+    let r: Results = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+    assert_eq!(r.tokens, 23_903);
+    assert_matches(&r, first_pages_fixture(), run);
 }
 
 #[test]
