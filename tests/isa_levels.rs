@@ -41,7 +41,12 @@ fn eval_at(model: &Path, isa: &str, ctx: &str, chunks: &str) -> Results {
 }
 
 fn level_of(r: &Results) -> String {
-    r.system.kernels.as_ref().expect("kernels recorded").isa.clone()
+    r.system
+        .kernels
+        .as_ref()
+        .expect("kernels recorded")
+        .isa
+        .clone()
 }
 
 /// The test model as storage type `scheme`: the file itself (Q4_1, its output layer Q8_0),
@@ -82,7 +87,9 @@ fn every_storage_type_gives_the_same_bits_at_every_level() {
     }
     let levels: Vec<&str> = LEVELS[1..=rank(&top)].to_vec();
     // Q4_1 (+ Q8_0 output), Q8_0, Q4_0, Q4_K_M (Q4_K, Q6_K, Q5_0, Q8_0), Q6_K, and the floats.
-    for scheme in ["q4_1", "q8_0", "q4_0", "q4_k_m", "q6_k", "bf16", "f16", "f32"] {
+    for scheme in [
+        "q4_1", "q8_0", "q4_0", "q4_k_m", "q6_k", "bf16", "f16", "f32",
+    ] {
         let model = converted(dir.path(), scheme);
         let base = eval_at(&model, levels[0], "128", "2");
         assert_eq!(level_of(&base), levels[0], "{scheme}");
@@ -95,6 +102,9 @@ fn every_storage_type_gives_the_same_bits_at_every_level() {
         let portable = short("portable");
         assert_eq!(level_of(&portable), "portable");
         assert_same_numbers(&short(top.as_str()), &portable);
-        eprintln!("{scheme}: PPL {} at every level of {levels:?} and portable", base.ppl);
+        eprintln!(
+            "{scheme}: PPL {} at every level of {levels:?} and portable",
+            base.ppl
+        );
     }
 }
