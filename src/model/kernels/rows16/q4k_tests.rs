@@ -1,8 +1,6 @@
-use super::super::tests::{bits, format_tests, Case};
+use super::super::tests::{check_against_panel_kernel, format_tests, Case};
 use super::*;
-use crate::model::kernels::kquant::q4k::{tests as file, Q4KMatrix};
-use crate::model::kernels::panel::tests::lcg;
-use crate::model::kernels::Isa;
+use crate::model::kernels::kquant::q4k::{tests as file, Q4KBlock};
 use candle_core::quantized::GgmlDType;
 
 impl Case for Q4K {
@@ -30,18 +28,7 @@ format_tests!(Q4K, 31);
 
 #[test]
 fn every_level_gives_the_bits_of_the_panel_kernel_it_replaced() {
-    let mut seed = 41;
-    for &(m, n, k) in Q4K::SHAPES {
-        let bytes = Q4K::random(n, k, &mut seed);
-        let w = Q4KRows16::from_bytes(&bytes, n, k).expect("layout");
-        let x: Vec<f32> = (0..m * k).map(|_| lcg(&mut seed) * 3.0).collect();
-        let before = Q4KMatrix::from_bytes(&bytes, n, k).expect("layout");
-        assert_eq!(
-            bits(&before.matmul_with(&x, m, Isa::Portable)),
-            bits(&w.matmul_at(&x, m, Isa::Portable)),
-            "({m},{n},{k})"
-        );
-    }
+    check_against_panel_kernel::<Q4K, Q4KBlock>(41);
 }
 
 #[test]

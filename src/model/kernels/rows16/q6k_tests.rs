@@ -1,8 +1,6 @@
-use super::super::tests::{bits, format_tests, Case};
+use super::super::tests::{check_against_panel_kernel, format_tests, Case};
 use super::*;
-use crate::model::kernels::kquant::q6k::{tests as file, Q6KMatrix};
-use crate::model::kernels::panel::tests::lcg;
-use crate::model::kernels::Isa;
+use crate::model::kernels::kquant::q6k::{tests as file, Q6KBlock};
 use candle_core::quantized::GgmlDType;
 
 impl Case for Q6K {
@@ -30,18 +28,7 @@ format_tests!(Q6K, 37);
 
 #[test]
 fn every_level_gives_the_bits_of_the_panel_kernel_it_replaced() {
-    let mut seed = 43;
-    for &(m, n, k) in Q6K::SHAPES {
-        let bytes = Q6K::random(n, k, &mut seed);
-        let w = Q6KRows16::from_bytes(&bytes, n, k).expect("layout");
-        let x: Vec<f32> = (0..m * k).map(|_| lcg(&mut seed) * 3.0).collect();
-        let before = Q6KMatrix::from_bytes(&bytes, n, k).expect("layout");
-        assert_eq!(
-            bits(&before.matmul_with(&x, m, Isa::Portable)),
-            bits(&w.matmul_at(&x, m, Isa::Portable)),
-            "({m},{n},{k})"
-        );
-    }
+    check_against_panel_kernel::<Q6K, Q6KBlock>(43);
 }
 
 #[test]
