@@ -175,7 +175,7 @@ fn results_json_holds_the_documented_fields() {
     assert!((r.mean_nll.exp() - r.ppl).abs() < 1e-12 * r.ppl);
     assert!(r.system.peak_rss_bytes.unwrap() > 100 << 20);
     let kernels = r.system.kernels.as_ref().expect("system.kernels");
-    assert!(["portable", "avx2", "avx512", "avx512bf16"].contains(&kernels.isa.as_str()));
+    assert!(["portable", "avx2", "avx512", "avx512bf16", "amx"].contains(&kernels.isa.as_str()));
     assert!(kernels.summary.starts_with(&kernels.isa));
     assert_eq!(v["config"]["precision"], "f32");
 }

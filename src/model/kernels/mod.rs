@@ -7,14 +7,13 @@
 //! The level ([`isa`]) is what CPUID advertises, confirmed by executing the instructions in a
 //! child process (some machines advertise AVX-512 that traps), capped by `PPL_ISA`.
 //!
-//! - [`q4_1`] (Q4_1 × Q8_1): llama.cpp's CPU arithmetic for quantized weights, as
-//!   micro-kernels over panels of 8 activation rows ([`panel`] quantizes the activations and
-//!   drives them, blocked for L2). candle's Q4_1 and Q5_0 products are scalar on x86 (SmolLM2
-//!   Q4_1: 18 tokens/s; Gemma 3 Q4_K_M, mostly Q5_0: 12.7), its Q8_0 one per row.
-//! - [`rows16`] (Q4_0, Q8_0, Q5_0 × Q8_0; Q4_K, Q6_K × Q8_K): one driver generic over the
-//!   block format; the weights repacked at load into interleaved groups of sixteen rows, one
-//!   32-bit lane (or tile column) per output, on [`panel`]'s panels; the AMX level multiplies
-//!   on the tile unit ([`rows16::tiles`]).
+//! - [`rows16`] (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 × Q8_0/Q8_1; Q4_K, Q5_K, Q6_K × Q8_K): one driver generic
+//!   over the block format; the weights repacked at load into interleaved groups of sixteen
+//!   rows, one 32-bit lane (or tile column) per output, on [`panel`]'s panels of eight
+//!   activation rows (quantized as llama.cpp's CPU backend does, blocked for L2); the AMX level
+//!   multiplies on the tile unit ([`rows16::tiles`]). candle's Q4_1 and Q5_0 products are
+//!   scalar on x86 (SmolLM2 Q4_1: 18 tokens/s; Gemma 3 Q4_K_M, mostly Q5_0: 12.7), its Q8_0
+//!   one per row.
 //! - [`half`]: F16 weights (BF16 too, though [`own_matrix`] gives BF16 to [`bf16`]) kept
 //!   16-bit (candle widened them to f32 at load: twice the memory, and its f32 gemm),
 //!   multiplied by activations rounded to the weights' type as llama.cpp's `vec_dot_type`
@@ -47,7 +46,6 @@ pub mod half_driver;
 pub mod kquant;
 pub mod math;
 pub mod panel;
-pub mod q4_1;
 pub mod rows16;
 
 use std::sync::Arc;
@@ -88,12 +86,13 @@ pub fn own_matrix(
             return None
         }
         GgmlDType::Q4K => boxed(rows16::q4k::Q4KRows16::from_bytes(bytes, n, k)),
-        GgmlDType::Q5K => boxed(kquant::q5k::Q5KMatrix::from_bytes(bytes, n, k)),
+        GgmlDType::Q5K => boxed(rows16::q4k::Q5KRows16::from_bytes(bytes, n, k)),
         GgmlDType::Q6K => boxed(rows16::q6k::Q6KRows16::from_bytes(bytes, n, k)),
-        GgmlDType::Q4_1 => boxed(q4_1::Q4_1Matrix::from_bytes(bytes, n, k)),
+        GgmlDType::Q4_1 => boxed(rows16::q4::Q4_1Rows16::from_bytes(bytes, n, k)),
         GgmlDType::Q5_0 => boxed(rows16::q8_0::Q5_0Rows16::from_bytes(bytes, n, k)),
+        GgmlDType::Q5_1 => boxed(rows16::q8_0::Q5_1Rows16::from_bytes(bytes, n, k)),
         GgmlDType::Q8_0 => boxed(rows16::q8_0::Q8_0Rows16::from_bytes(bytes, n, k)),
-        GgmlDType::Q4_0 => boxed(rows16::q4_0::Q4_0Rows16::from_bytes(bytes, n, k)),
+        GgmlDType::Q4_0 => boxed(rows16::q4::Q4_0Rows16::from_bytes(bytes, n, k)),
         GgmlDType::F16 => boxed(self::half::HalfMatrix::from_bytes(
             self::half::HalfType::F16,
             bytes,
@@ -322,24 +321,7 @@ pub fn isa() -> Isa {
     isa_choice().used
 }
 
-/// Sum of the eight lanes as ggml's `hsum_float_8` orders it:
-/// `((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7))`.
-///
-/// # Safety
-/// The CPU must support AVX2 and FMA.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-pub(crate) unsafe fn hsum256(x: std::arch::x86_64::__m256) -> f32 {
-    use std::arch::x86_64::*;
-    let mut r = _mm_add_ps(_mm256_extractf128_ps(x, 1), _mm256_castps256_ps128(x));
-    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-    r = _mm_add_ss(r, _mm_movehdup_ps(r));
-    _mm_cvtss_f32(r)
-}
-
-/// Helpers of the AVX-512 micro-kernels, which hold two panel rows per zmm register: row `2p`
-/// in lanes 0..8 and row `2p + 1` in lanes 8..16, so each row's eight lanes see exactly the
-/// operations of the AVX2 kernel.
+/// Helpers of the AVX-512 micro-kernels.
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512 {
     use super::panel::PANEL;
@@ -358,38 +340,6 @@ pub(crate) mod avx512 {
             _mm512_storeu_ps(row.as_mut_ptr(), *acc);
         }
         std::array::from_fn(|lane| std::array::from_fn(|r| rows[r][lane]))
-    }
-
-    /// Per register `p`: the permutation spreading row `2p`'s scalar (of eight) over lanes
-    /// 0..8 and row `2p + 1`'s over lanes 8..16.
-    ///
-    /// # Safety
-    /// The CPU must support AVX-512F.
-    #[target_feature(enable = "avx512f")]
-    pub(crate) unsafe fn pair_spread() -> [__m512i; PANEL / 2] {
-        std::array::from_fn(|p| {
-            let (lo, hi) = (2 * p as i32, 2 * p as i32 + 1);
-            _mm512_setr_epi32(
-                lo, lo, lo, lo, lo, lo, lo, lo, hi, hi, hi, hi, hi, hi, hi, hi,
-            )
-        })
-    }
-
-    /// Each row's eight lanes summed in ggml's `hsum_float_8` order (as [`super::hsum256`]).
-    ///
-    /// # Safety
-    /// The CPU must support AVX-512F, AVX2 and FMA.
-    #[target_feature(enable = "avx512f,avx2,fma")]
-    pub(crate) unsafe fn hsum_pairs(acc: &[__m512; PANEL / 2]) -> [f32; PANEL] {
-        std::array::from_fn(|r| {
-            let v = acc[r / 2];
-            let row = if r % 2 == 0 {
-                _mm512_castps512_ps256(v)
-            } else {
-                _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)))
-            };
-            super::hsum256(row)
-        })
     }
 }
 

@@ -1,10 +1,10 @@
 //! The shared half of our quantized matmuls: activations quantized to 8-bit blocks and packed
-//! in panels of [`PANEL`] rows, and the cache-blocked driver that hands (panel, weight row)
-//! pairs to a format's micro-kernel.
+//! in panels of [`PANEL`] rows, and the cache-blocked driver that hands (panel, group of weight
+//! rows) pairs to a format's micro-kernel.
 //!
 //! Why panels: a micro-kernel that keeps eight output accumulators in registers decodes each
 //! weight block once for eight activation rows, and the eight rows' scales of one block are
-//! contiguous, so `d_w·d_a` (and Q4_1's `m_w·s_a`) for all eight rows is one vector multiply.
+//! contiguous.
 //! The previous per-row kernel spent most of its time on scalar scale products and on
 //! accumulators that lived on the stack (profile: 57% of a SmolLM2 Q4_1 evaluation).
 //!
@@ -135,22 +135,6 @@ pub(crate) fn quantize_block_portable(x: &[f32], q: &mut [i8; BLOCK]) -> (f32, f
         f16::from_f32(d).to_f32(),
         f16::from_f32(d * sum as f32).to_f32(),
     )
-}
-
-/// A weight format's micro-kernel: the outputs of weight row `j` for the eight activation rows
-/// of a panel (rows past the end of the activations are zero and their outputs ignored).
-pub trait PanelKernel: Sync {
-    /// `(n, k)`: n outputs, k inputs.
-    fn shape(&self) -> (usize, usize);
-    fn panel_row(&self, a: PanelRef<'_>, j: usize) -> [f32; PANEL];
-}
-
-/// `x [m, k]` (row-major) times `w` transposed: `[m, n]`.
-pub fn matmul<K: PanelKernel>(w: &K, x: &[f32], m: usize) -> Vec<f32> {
-    let (n, k) = w.shape();
-    assert_eq!(x.len(), m * k, "activation shape");
-    let a = Panels::quantize(x, m, k);
-    drive(m, n, 1, |p, j, out| out[0] = w.panel_row(a.panel(p), j))
 }
 
 /// `Σ q_a` of every block of every panel row, indexed as the panels' blocks.
@@ -326,42 +310,6 @@ pub(crate) mod tests {
             .into_iter()
             .filter(|&l| l <= top)
             .collect()
-    }
-
-    /// Checks `w`'s matmul of `x [m, k]` against a naive f64 reference (relative 10⁻⁴) and,
-    /// bit for bit, against the format's micro-kernel `at_level` at every available
-    /// instruction-set level (the portable one included).
-    pub(crate) fn check_kernel<K: PanelKernel>(
-        w: &K,
-        x: &[f32],
-        m: usize,
-        naive: impl Fn(&Panels) -> Vec<f64>,
-        at_level: impl Fn(super::super::Isa, PanelRef<'_>, usize) -> [f32; PANEL],
-    ) {
-        let (n, k) = w.shape();
-        let got = matmul(w, x, m);
-        let a = Panels::quantize(x, m, k);
-        let want = naive(&a);
-        for row in 0..m {
-            for j in 0..n {
-                let (g, e) = (got[row * n + j] as f64, want[row * n + j]);
-                assert!(
-                    (g - e).abs() <= 1e-4 * (1.0 + e.abs()),
-                    "({m},{n},{k}) [{row},{j}] {g} vs {e}"
-                );
-            }
-        }
-        for isa in available_isas() {
-            for p in 0..m.div_ceil(PANEL) {
-                for j in 0..n {
-                    let want = at_level(isa, a.panel(p), j);
-                    for r in 0..PANEL.min(m - p * PANEL) {
-                        let g = got[(p * PANEL + r) * n + j];
-                        assert_eq!(g.to_bits(), want[r].to_bits(), "{isa:?} ({m},{n},{k})");
-                    }
-                }
-            }
-        }
     }
 
     #[test]

@@ -22,10 +22,10 @@ pub type Q5KMatrix = KQuantMatrix<Q5KBlock>;
 #[derive(Clone, Copy)]
 #[repr(C)]
 pub struct Q5KBlock {
-    d: f16,
-    dmin: f16,
-    scales: [u8; 8],
-    mins: [u8; 8],
+    pub(crate) d: f16,
+    pub(crate) dmin: f16,
+    pub(crate) scales: [u8; 8],
+    pub(crate) mins: [u8; 8],
     /// Byte `i`, bit `2g` (resp. `2g + 1`): bit 4 of value `64g + i` (resp. `64g + 32 + i`).
     qh: [u8; 32],
     /// Byte `32g + i`: bits 0–3 of value `64g + i` in the low nibble, of `64g + 32 + i` in the
@@ -272,7 +272,7 @@ mod simd {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::super::tests::{check_dequantization, check_matmul, random_f16};
     use super::*;
     use candle_core::quantized::GgmlDType;
@@ -291,7 +291,7 @@ mod tests {
     }
 
     /// Value `e` of a super-block by the GGUF definition, in f64.
-    fn reference(blk: &[u8], e: usize) -> f64 {
+    pub(crate) fn reference(blk: &[u8], e: usize) -> f64 {
         let d = f16::from_le_bytes([blk[0], blk[1]]).to_f64();
         let dmin = f16::from_le_bytes([blk[2], blk[3]]).to_f64();
         let s = e / 32;

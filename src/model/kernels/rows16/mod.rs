@@ -1,5 +1,5 @@
-//! The interleaved-rows kernels, one driver generic over the weight format: Q4_0, Q8_0 and
-//! Q5_0 × Q8_0 activations, Q4_K and Q6_K × Q8_K activations.
+//! The interleaved-rows kernels, one driver generic over the weight format: Q4_0, Q4_1, Q8_0
+//! and Q5_0 × Q8_0 activations, Q4_K and Q6_K × Q8_K activations.
 //!
 //! Why one design for all of them: a kernel that gives each weight row one 32-bit lane forms
 //! every output's integer block sum in its own lane (a broadcast of four activation bytes
@@ -20,10 +20,12 @@
 //! performs the same float operations per output in the same order, so every level gives the
 //! same bits, whatever the thread count, the panel a row lands in or its neighbours.
 
-pub mod q4_0;
+pub mod q4;
 pub mod q4k;
 pub mod q6k;
 pub mod q8_0;
+#[cfg(target_arch = "x86_64")]
+mod q8_x86;
 #[cfg(test)]
 pub(crate) mod tests;
 pub mod tiles;
@@ -60,10 +62,19 @@ pub trait Activations: Sync + Sized {
     /// Value `e` of row `row` as the kernels see it, `d·q`, in f64 (the tests' reference).
     #[cfg(test)]
     fn dequantized(&self, row: usize, e: usize) -> f64;
+    /// The sum of block `b` of row `row` as the kernels meet a weight block's minimum (Q8_1's
+    /// `s`, rounded): by default the exact sum of its values.
+    #[cfg(test)]
+    fn block_sum(&self, row: usize, b: usize) -> f64 {
+        (b * Self::BLOCK..(b + 1) * Self::BLOCK)
+            .map(|e| self.dequantized(row, e))
+            .sum()
+    }
 }
 
 /// Activations in Q8_0 (32-value blocks, llama.cpp's `quantize_row_q8_0`/`q8_1` values and
-/// scales: [`panel::Panels`]) with each block's integer sum, for Q4_0, Q8_0 and Q5_0 weights.
+/// scales: [`panel::Panels`]) with each block's integer sum, for Q4_0, Q4_1, Q8_0 and Q5_0
+/// weights.
 pub struct Q8Panels {
     panels: Panels,
     sums: Vec<i32>,
@@ -74,6 +85,8 @@ pub struct Q8Panels {
 pub struct Q8Panel<'a> {
     pub qs: &'a [[i8; BLOCK]],
     pub d: &'a [f32],
+    /// Q8_1's `s = d·Σq_a`, rounded to f16 (Q4_1's minima meet it).
+    pub s: &'a [f32],
     /// `Σ q_a` of the block.
     pub sums: &'a [i32],
 }
@@ -94,12 +107,15 @@ impl Activations for Q8Panels {
         Q8Panel {
             qs: a.qs,
             d: a.d,
+            s: a.s,
             sums: &self.sums[p * per_panel..][..per_panel],
         }
     }
 
     fn holds(a: &Q8Panel<'_>, nb: usize) -> bool {
-        a.qs.len() >= nb * PANEL && a.d.len() >= nb * PANEL && a.sums.len() >= nb * PANEL
+        [a.qs.len(), a.d.len(), a.s.len(), a.sums.len()]
+            .iter()
+            .all(|&len| len >= nb * PANEL)
     }
 
     #[cfg(test)]
@@ -107,6 +123,11 @@ impl Activations for Q8Panels {
         let a = self.panels.panel(row / PANEL);
         let i = (e / BLOCK) * PANEL + row % PANEL;
         a.d[i] as f64 * a.qs[i][e % BLOCK] as f64
+    }
+
+    #[cfg(test)]
+    fn block_sum(&self, row: usize, b: usize) -> f64 {
+        self.panels.panel(row / PANEL).s[b * PANEL + row % PANEL] as f64
     }
 }
 

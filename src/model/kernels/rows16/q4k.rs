@@ -1,19 +1,25 @@
-//! Q4_K weights repacked at load into interleaved groups of [`GROUP`] rows, × Q8_K activations:
-//! the design of [`super::q6k`] (one 32-bit lane per weight row, `vpdpbusd` against
-//! broadcast activation bytes, no reduction across lanes) for the Q4_K tensors of Q4_K_M files.
+//! Q4_K and Q5_K weights repacked at load into interleaved groups of [`GROUP`] rows, × Q8_K
+//! activations: the design of [`super::q6k`] (one 32-bit lane per weight row, `vpdpbusd`
+//! against broadcast activation bytes, no reduction across lanes) for the Q4_K tensors of
+//! Q4_K_M files and the Q5_K ones of Q5_K_M files. The two formats differ only in Q5_K's fifth
+//! bit per value, so one generic format ([`NibblesK`]) serves both.
 //!
-//! Layout, per group of sixteen rows and super-block (2368 bytes for the file's 16 × 144, the
-//! 6-bit scales and mins unpacked to bytes as [`crate::model::kernels::kquant::q4k`] holds
-//! them):
+//! Layout, per group of sixteen rows and super-block (Q4_K: 2368 bytes for the file's
+//! 16 × 144; Q5_K: 2880 for 16 × 176; the 6-bit scales and mins unpacked to bytes as
+//! [`crate::model::kernels::kquant::q4k`] holds them):
 //! - `[0, 32)`: the rows' f16 `d`, lane `j` at `2j`; `[32, 64)`: their f16 `dmin`;
 //! - `[64, 192)`: the scales, sub-block `s` at `64 + 16s`, row `j`'s at byte `j`;
 //! - `[192, 320)`: the mins, laid out as the scales;
 //! - `[320, 2368)`: the values, eight 64-byte runs per pair `g` of sub-blocks: run `8g + t`,
 //!   bytes `4j..4j + 4`, hold in their low nibbles values `64g + 4t + c` (c < 4) of row `j`
-//!   (sub-block `2g`), in their high nibbles values `64g + 32 + 4t + c` (sub-block `2g + 1`).
+//!   (sub-block `2g`), in their high nibbles values `64g + 32 + 4t + c` (sub-block `2g + 1`);
+//! - Q5_K only, `[2368, 2880)`: the file's 32 bytes of high bits per row in eight 64-byte runs
+//!   like the values': run `t`, bytes `4j..4j + 4`, are row `j`'s `qh[4t..4t + 4]`, whose bit
+//!   `s` is bit 4 of value `32s + 4t + c` — the byte that meets those values' nibbles, so a
+//!   shift and a mask per run put each sub-block's fifth bits in place.
 //!
-//! Float order, per output, the same as [`crate::model::kernels::kquant::q4k`]'s (so the same
-//! bits as before the repacking): exact i32 `sum = Σ_s scale_s·Σ_e q_e·a_e` and
+//! Float order, per output, the same as [`crate::model::kernels::kquant::q4k`]'s and
+//! [`crate::model::kernels::kquant::q5k`]'s (so the same bits as before the repacking): exact i32 `sum = Σ_s scale_s·Σ_e q_e·a_e` and
 //! `mins = Σ_s min_s·(bsum_{2s} + bsum_{2s+1})` per super-block, then over the super-blocks in
 //! order, from zero, `acc = fma(d_w·d_a, sum as f32, acc)` and
 //! `acc_min = fma(dmin_w·d_a, mins as f32, acc_min)`; the output is `acc − acc_min`. The
@@ -25,6 +31,7 @@ use half::f16;
 
 use super::{Format, GroupOut, Job, Rows16Matrix, GROUP};
 use crate::model::kernels::kquant::q4k::Q4KBlock;
+use crate::model::kernels::kquant::q5k::Q5KBlock;
 use crate::model::kernels::kquant::q8k::{Q8KPanel, Q8KPanels};
 use crate::model::kernels::kquant::{SuperBlock, QK_K};
 use crate::model::kernels::panel::PANEL;
@@ -37,49 +44,94 @@ const SCALES: usize = DMIN + 2 * GROUP;
 const MINS: usize = SCALES + SUB_BLOCKS * GROUP;
 /// Offset of the values.
 const NIBBLES: usize = MINS + SUB_BLOCKS * GROUP;
-/// Bytes of one super-block of a group.
-const GROUP_BLOCK_BYTES: usize = NIBBLES + QK_K / 2 * GROUP;
+/// Offset of Q5_K's high bits.
+const HIGH_BITS: usize = NIBBLES + QK_K / 2 * GROUP;
 /// Sub-blocks of 32 values per super-block.
 const SUB_BLOCKS: usize = QK_K / 32;
 
+/// A K-quant format of 4-bit values with 6-bit sub-block scales and mins: Q4_K, and with a
+/// fifth bit per value Q5_K (`HIGH`).
+pub struct NibblesK<const HIGH: bool>;
+
 /// The Q4_K format of the interleaved-rows driver.
-pub struct Q4K;
+pub type Q4K = NibblesK<false>;
+/// The Q5_K format of the interleaved-rows driver.
+pub type Q5K = NibblesK<true>;
 
 /// A Q4_K weight matrix `[n, k]`, repacked in interleaved groups of [`GROUP`] rows: 148
 /// bytes per super-block (the file's 144, scales and mins unpacked), plus the last group's
 /// padding rows.
 pub type Q4KRows16 = Rows16Matrix<Q4K>;
+/// A Q5_K weight matrix `[n, k]`, likewise: 180 bytes per super-block (the file's 176).
+pub type Q5KRows16 = Rows16Matrix<Q5K>;
 
-/// A job of this format.
-pub(crate) type Q4KJob<'a> = Job<'a, Q8KPanel<'a>>;
+/// A job of these formats.
+pub(crate) type KJob<'a> = Job<'a, Q8KPanel<'a>>;
 
-/// Where value `e` of lane `j` lies in a group's super-block: byte, and whether in the high
-/// nibble.
-fn value_place(j: usize, e: usize) -> (usize, bool) {
-    let (g, upper, i) = (e / 64, (e / 32) % 2 == 1, e % 32);
-    let (t, c) = (i / 4, i % 4);
-    (NIBBLES + 64 * (8 * g + t) + 4 * j + c, upper)
+/// One file super-block as the layout takes it (scales and mins unpacked).
+struct Decoded<'a> {
+    d: f16,
+    dmin: f16,
+    scales: [u8; 8],
+    mins: [u8; 8],
+    qs: &'a [u8],
+    /// Q5_K's high bits.
+    qh: Option<&'a [u8]>,
 }
 
-/// The 4-bit value of value `e` of lane `lane` in a group's super-block.
-fn value(src: &[u8], lane: usize, e: usize) -> u8 {
-    let (at, upper) = value_place(lane, e);
-    if upper {
-        src[at] >> 4
-    } else {
-        src[at] & 0x0F
+impl<const HIGH: bool> NibblesK<HIGH> {
+    fn decode(file: &[u8]) -> Decoded<'_> {
+        if HIGH {
+            let blk = Q5KBlock::decode(file);
+            let (qh, qs) = file[16..].split_at(32);
+            Decoded {
+                d: blk.d,
+                dmin: blk.dmin,
+                scales: blk.scales,
+                mins: blk.mins,
+                qs,
+                qh: Some(qh),
+            }
+        } else {
+            let blk = Q4KBlock::decode(file);
+            Decoded {
+                d: blk.d,
+                dmin: blk.dmin,
+                scales: blk.scales,
+                mins: blk.mins,
+                qs: &file[16..],
+                qh: None,
+            }
+        }
+    }
+
+    /// The value (4 or 5 bits) of value `e` of lane `lane` in a group's super-block.
+    fn value(src: &[u8], lane: usize, e: usize) -> u8 {
+        let (g, upper, i) = (e / 64, (e / 32) % 2 == 1, e % 32);
+        let (t, c) = (i / 4, i % 4);
+        let byte = src[NIBBLES + 64 * (8 * g + t) + 4 * lane + c];
+        let nibble = if upper { byte >> 4 } else { byte & 0x0F };
+        if !HIGH {
+            return nibble;
+        }
+        let high = (src[HIGH_BITS + 64 * t + 4 * lane + c] >> (e / 32)) & 1;
+        nibble | high << 4
     }
 }
 
-impl Format for Q4K {
+impl<const HIGH: bool> Format for NibblesK<HIGH> {
     type Act = Q8KPanels;
-    const NAME: &'static str = "Q4_K";
-    const FILE_BLOCK_BYTES: usize = Q4KBlock::FILE_BYTES;
-    const GROUP_BLOCK_BYTES: usize = GROUP_BLOCK_BYTES;
+    const NAME: &'static str = if HIGH { "Q5_K" } else { "Q4_K" };
+    const FILE_BLOCK_BYTES: usize = if HIGH {
+        Q5KBlock::FILE_BYTES
+    } else {
+        Q4KBlock::FILE_BYTES
+    };
+    const GROUP_BLOCK_BYTES: usize = HIGH_BITS + if HIGH { 32 * GROUP } else { 0 };
 
     /// By structure, not per value: the repacking is part of every model load.
     fn pack(file: &[u8], dst: &mut [u8], lane: usize) {
-        let blk = Q4KBlock::decode(file);
+        let blk = Self::decode(file);
         dst[2 * lane..2 * lane + 2].copy_from_slice(&blk.d.to_le_bytes());
         dst[DMIN + 2 * lane..DMIN + 2 * lane + 2].copy_from_slice(&blk.dmin.to_le_bytes());
         for s in 0..SUB_BLOCKS {
@@ -93,10 +145,16 @@ impl Format for Q4K {
                 dst[NIBBLES + 64 * (8 * g + t) + 4 * lane..][..4].copy_from_slice(four);
             }
         }
+        // High-bit byte `i` serves values `32s + i` of every sub-block `s`.
+        if let Some(qh) = blk.qh {
+            for (t, four) in qh.chunks_exact(4).enumerate() {
+                dst[HIGH_BITS + 64 * t + 4 * lane..][..4].copy_from_slice(four);
+            }
+        }
     }
 
-    /// The numbers and float operations of ggml's (and candle's) Q4_K dequantization,
-    /// `(d·scale)·q − dmin·min`.
+    /// The numbers and float operations of ggml's (and candle's) Q4_K and Q5_K
+    /// dequantization, `(d·scale)·q − dmin·min`.
     fn dequantize(src: &[u8], lane: usize, out: &mut [f32]) {
         let d = f16::from_le_bytes([src[2 * lane], src[2 * lane + 1]]).to_f32();
         let dmin = f16::from_le_bytes([src[DMIN + 2 * lane], src[DMIN + 2 * lane + 1]]);
@@ -104,16 +162,17 @@ impl Format for Q4K {
             let s = e / 32;
             let scale = d * src[SCALES + GROUP * s + lane] as f32;
             let min = dmin.to_f32() * src[MINS + GROUP * s + lane] as f32;
-            *o = scale * value(src, lane, e) as f32 - min;
+            *o = scale * Self::value(src, lane, e) as f32 - min;
         }
     }
 
-    fn portable(job: &Q4KJob<'_>) -> GroupOut {
+    fn portable(job: &KJob<'_>) -> GroupOut {
         std::array::from_fn(|lane| {
             std::array::from_fn(|r| {
                 let (mut acc, mut acc_min) = (0f32, 0f32);
                 for b in 0..job.nb {
-                    let src = &job.group[b * GROUP_BLOCK_BYTES..][..GROUP_BLOCK_BYTES];
+                    let len = Self::GROUP_BLOCK_BYTES;
+                    let src = &job.group[b * len..][..len];
                     let d = f16::from_le_bytes([src[2 * lane], src[2 * lane + 1]]).to_f32();
                     let dmin = f16::from_le_bytes([src[DMIN + 2 * lane], src[DMIN + 2 * lane + 1]]);
                     let i = b * PANEL + r;
@@ -121,7 +180,7 @@ impl Format for Q4K {
                     let (mut sum, mut mins) = (0i32, 0i32);
                     for s in 0..SUB_BLOCKS {
                         let dot: i32 = (32 * s..32 * s + 32)
-                            .map(|e| value(src, lane, e) as i32 * qa[e] as i32)
+                            .map(|e| Self::value(src, lane, e) as i32 * qa[e] as i32)
                             .sum();
                         sum += src[SCALES + GROUP * s + lane] as i32 * dot;
                         let bsum = bsums[2 * s] as i32 + bsums[2 * s + 1] as i32;
@@ -137,18 +196,18 @@ impl Format for Q4K {
     }
 
     #[cfg(target_arch = "x86_64")]
-    unsafe fn avx2(job: &Q4KJob<'_>) -> GroupOut {
-        x86::group_avx2(job)
+    unsafe fn avx2(job: &KJob<'_>) -> GroupOut {
+        x86::group_avx2::<HIGH>(job)
     }
 
     #[cfg(target_arch = "x86_64")]
-    unsafe fn avx512(job: &Q4KJob<'_>) -> GroupOut {
-        x86::group_avx512(job)
+    unsafe fn avx512(job: &KJob<'_>) -> GroupOut {
+        x86::group_avx512::<HIGH>(job)
     }
 
     #[cfg(target_arch = "x86_64")]
-    unsafe fn amx<T: super::tiles::Tiles>(tiles: &mut T, job: &Q4KJob<'_>) -> Option<GroupOut> {
-        Some(x86::group_amx(tiles, job))
+    unsafe fn amx<T: super::tiles::Tiles>(tiles: &mut T, job: &KJob<'_>) -> Option<GroupOut> {
+        Some(x86::group_amx::<T, HIGH>(tiles, job))
     }
 }
 

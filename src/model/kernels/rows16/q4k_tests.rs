@@ -1,38 +1,96 @@
 use super::super::tests::{check_against_panel_kernel, format_tests, Case};
 use super::*;
-use crate::model::kernels::kquant::q4k::{tests as file, Q4KBlock};
+use crate::model::kernels::kquant::q4k::{tests as q4k_file, Q4KBlock};
+use crate::model::kernels::kquant::q5k::{tests as q5k_file, Q5KBlock};
 use candle_core::quantized::GgmlDType;
+
+const SHAPES: &[(usize, usize, usize)] = &[
+    (1, 5, 256),
+    (7, 9, 512),
+    (8, 3, 2304),
+    (9, 130, 256),
+    (17, 33, 512),
+    (2, 1, 2304),
+    (16, 16, 768),
+];
 
 impl Case for Q4K {
     const DTYPE: GgmlDType = GgmlDType::Q4K;
-    const SHAPES: &'static [(usize, usize, usize)] = &[
-        (1, 5, 256),
-        (7, 9, 512),
-        (8, 3, 2304),
-        (9, 130, 256),
-        (17, 33, 512),
-        (2, 1, 2304),
-        (16, 16, 768),
-    ];
+    const SHAPES: &'static [(usize, usize, usize)] = SHAPES;
 
     fn random(n: usize, k: usize, seed: &mut u64) -> Vec<u8> {
-        file::random_q4k(n, k, seed)
+        q4k_file::random_q4k(n, k, seed)
     }
 
     fn reference(block: &[u8], e: usize) -> f64 {
-        file::reference(block, e)
+        q4k_file::reference(block, e)
     }
 }
 
-format_tests!(Q4K, 31);
+impl Case for Q5K {
+    const DTYPE: GgmlDType = GgmlDType::Q5K;
+    const SHAPES: &'static [(usize, usize, usize)] = SHAPES;
 
-#[test]
-fn every_level_gives_the_bits_of_the_panel_kernel_it_replaced() {
-    check_against_panel_kernel::<Q4K, Q4KBlock>(41);
+    fn random(n: usize, k: usize, seed: &mut u64) -> Vec<u8> {
+        q5k_file::random_q5k(n, k, seed)
+    }
+
+    fn reference(block: &[u8], e: usize) -> f64 {
+        q5k_file::reference(block, e)
+    }
+}
+
+mod q4k {
+    use super::*;
+    format_tests!(Q4K, 31);
+
+    #[test]
+    fn every_level_gives_the_bits_of_the_panel_kernel_it_replaced() {
+        check_against_panel_kernel::<Q4K, Q4KBlock>(41);
+    }
+}
+
+mod q5k {
+    use super::*;
+    format_tests!(Q5K, 37);
+
+    #[test]
+    fn every_level_gives_the_bits_of_the_panel_kernel_it_replaced() {
+        check_against_panel_kernel::<Q5K, Q5KBlock>(43);
+    }
 }
 
 #[test]
 fn memory_is_the_unpacked_blocks() {
     let w = Q4KRows16::from_bytes(&vec![0u8; 16 * 2 * 144], 16, 512).expect("layout");
     assert_eq!(w.storage_bytes(), 16 * 2 * 148);
+    let w = Q5KRows16::from_bytes(&vec![0u8; 16 * 2 * 176], 16, 512).expect("layout");
+    assert_eq!(w.storage_bytes(), 16 * 2 * 180);
+}
+
+#[test]
+fn every_fifth_bit_reaches_its_value() {
+    // One Q5_K row: d = 1, dmin = 0, every scale 1, nibbles 0; the high bits select, per
+    // sub-block s, values whose index i within it has bit s set in qh[i] = i·37 mod 256.
+    let mut block = vec![0u8; 176];
+    block[..2].copy_from_slice(&f16::from_f32(1.0).to_le_bytes());
+    for s in 0..4 {
+        block[4 + s] = 1; // scales 0..4 (mins 0)
+        block[12 + s] = 1; // scales 4..8 (low bits)
+    }
+    for i in 0..32 {
+        block[16 + i] = (i * 37 % 256) as u8;
+    }
+    let w = Q5KRows16::from_bytes(&block, 1, 256).expect("layout");
+    let mut row = [0f32; 256];
+    w.dequantize_row(0, &mut row);
+    for (e, v) in row.iter().enumerate() {
+        let (s, i) = (e / 32, e % 32);
+        let want = if (i * 37 % 256) >> s & 1 == 1 {
+            16.0
+        } else {
+            0.0
+        };
+        assert_eq!(*v, want, "value {e}");
+    }
 }

@@ -1,9 +1,11 @@
 //! The x86 micro-kernels of [`super`]: one 32-bit lane per weight row of the group, so each
 //! output's sub-block sums form in its own lane; the same exact integers and the same float
-//! operations per output as [`super::group_portable`].
+//! operations per output as [`super::NibblesK`]'s portable definition. `HIGH` selects Q5_K
+//! (a fifth bit per value) over Q4_K at compile time.
 
 use super::super::tiles::{TileConfig, Tiles};
-use super::{GroupOut, Q4KJob, DMIN, GROUP, GROUP_BLOCK_BYTES, MINS, NIBBLES, SCALES, SUB_BLOCKS};
+use super::super::Format;
+use super::{GroupOut, KJob, NibblesK, DMIN, GROUP, HIGH_BITS, MINS, NIBBLES, SCALES, SUB_BLOCKS};
 use crate::model::kernels::kquant::q8k::SUB_BLOCK_PAIRS;
 use crate::model::kernels::kquant::QK_K;
 use crate::model::kernels::panel::PANEL;
@@ -12,7 +14,7 @@ use std::arch::x86_64::*;
 /// Four activation bytes of panel entry `i` (super-block and row), from byte `at`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn activation_word(job: &Q4KJob<'_>, i: usize, at: usize) -> i32 {
+unsafe fn activation_word(job: &KJob<'_>, i: usize, at: usize) -> i32 {
     (job.a.qs.as_ptr().add(i) as *const u8)
         .add(at)
         .cast::<i32>()
@@ -22,11 +24,70 @@ unsafe fn activation_word(job: &Q4KJob<'_>, i: usize, at: usize) -> i32 {
 /// Row `r`'s activation sums of sub-blocks `2t` and `2t + 1` of super-block `b`, as two i16.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn sub_block_sum_pair(job: &Q4KJob<'_>, b: usize, t: usize, r: usize) -> i32 {
+unsafe fn sub_block_sum_pair(job: &KJob<'_>, b: usize, t: usize, r: usize) -> i32 {
     (job.a.sub_block_sums.as_ptr().add(b * SUB_BLOCK_PAIRS + t) as *const i16)
         .add(2 * r)
         .cast::<i32>()
         .read_unaligned()
+}
+
+/// Bytes of one super-block of a group.
+const fn block_bytes<const HIGH: bool>() -> usize {
+    <NibblesK<HIGH> as Format>::GROUP_BLOCK_BYTES
+}
+
+/// Run `t`'s values of sub-block `s` (of a group's super-block at `src`) as bytes, 64 of them:
+/// the run's low or high nibbles, and for Q5_K bit `s` of the run's high-bit bytes as bit 4
+/// (a 16-bit shift moves it within its byte: from bit `s` ≤ 7 to bit 4, nothing crosses).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn values_avx512<const HIGH: bool>(src: *const u8, s: usize, t: usize) -> __m512i {
+    let low = _mm512_set1_epi8(0x0F);
+    let raw = _mm512_loadu_si512(src.add(NIBBLES + 512 * (s / 2) + 64 * t) as *const _);
+    let nibbles = if s.is_multiple_of(2) {
+        _mm512_and_si512(raw, low)
+    } else {
+        _mm512_and_si512(_mm512_srli_epi16::<4>(raw), low)
+    };
+    if !HIGH {
+        return nibbles;
+    }
+    let qh = _mm512_loadu_si512(src.add(HIGH_BITS + 64 * t) as *const _);
+    let placed = if s <= 4 {
+        _mm512_sll_epi16(qh, _mm_cvtsi32_si128(4 - s as i32))
+    } else {
+        _mm512_srl_epi16(qh, _mm_cvtsi32_si128(s as i32 - 4))
+    };
+    _mm512_or_si512(nibbles, _mm512_and_si512(placed, _mm512_set1_epi8(0x10)))
+}
+
+/// [`values_avx512`] for half `half` of the group (32 bytes: eight weight rows).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn values_avx2<const HIGH: bool>(
+    src: *const u8,
+    s: usize,
+    t: usize,
+    half: usize,
+) -> __m256i {
+    let low = _mm256_set1_epi8(0x0F);
+    let at = NIBBLES + 512 * (s / 2) + 64 * t + 32 * half;
+    let raw = _mm256_loadu_si256(src.add(at) as *const __m256i);
+    let nibbles = if s.is_multiple_of(2) {
+        _mm256_and_si256(raw, low)
+    } else {
+        _mm256_and_si256(_mm256_srli_epi16::<4>(raw), low)
+    };
+    if !HIGH {
+        return nibbles;
+    }
+    let qh = _mm256_loadu_si256(src.add(HIGH_BITS + 64 * t + 32 * half) as *const __m256i);
+    let placed = if s <= 4 {
+        _mm256_sll_epi16(qh, _mm_cvtsi32_si128(4 - s as i32))
+    } else {
+        _mm256_srl_epi16(qh, _mm_cvtsi32_si128(s as i32 - 4))
+    };
+    _mm256_or_si256(nibbles, _mm256_and_si256(placed, _mm256_set1_epi8(0x10)))
 }
 
 /// Sixteen weight rows per 512-bit register; VNNI forms each lane's four products per step,
@@ -36,22 +97,13 @@ unsafe fn sub_block_sum_pair(job: &Q4KJob<'_>, b: usize, t: usize, r: usize) -> 
 /// The CPU must support AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C; the job's lengths were
 /// checked by the caller.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(super) unsafe fn group_avx512(job: &Q4KJob<'_>) -> GroupOut {
-    let low = _mm512_set1_epi8(0x0F);
+pub(super) unsafe fn group_avx512<const HIGH: bool>(job: &KJob<'_>) -> GroupOut {
     let mut acc = ([_mm512_setzero_ps(); PANEL], [_mm512_setzero_ps(); PANEL]);
     for b in 0..job.nb {
-        let src = job.group.as_ptr().add(b * GROUP_BLOCK_BYTES);
+        let src = job.group.as_ptr().add(b * block_bytes::<HIGH>());
         let mut sums = [_mm512_setzero_si512(); PANEL];
         for s in 0..SUB_BLOCKS {
-            let runs = src.add(NIBBLES + 512 * (s / 2));
-            let w: [__m512i; 8] = std::array::from_fn(|t| {
-                let raw = _mm512_loadu_si512(runs.add(64 * t) as *const _);
-                if s % 2 == 0 {
-                    _mm512_and_si512(raw, low)
-                } else {
-                    _mm512_and_si512(_mm512_srli_epi16::<4>(raw), low)
-                }
-            });
+            let w: [__m512i; 8] = std::array::from_fn(|t| values_avx512::<HIGH>(src, s, t));
             let scale =
                 _mm512_cvtepu8_epi32(_mm_loadu_si128(src.add(SCALES + GROUP * s) as *const _));
             for (r, sum) in sums.iter_mut().enumerate() {
@@ -64,7 +116,7 @@ pub(super) unsafe fn group_avx512(job: &Q4KJob<'_>) -> GroupOut {
                 *sum = _mm512_add_epi32(*sum, _mm512_mullo_epi32(t, scale));
             }
         }
-        accumulate_super_block(job, b, &sums, &mut acc);
+        accumulate_super_block(job, src, b, &sums, &mut acc);
     }
     outputs(&acc)
 }
@@ -72,17 +124,17 @@ pub(super) unsafe fn group_avx512(job: &Q4KJob<'_>) -> GroupOut {
 /// The float accumulators of the AVX-512 and AMX paths: `acc` and `acc_min` per panel row.
 type Accumulators = ([__m512; PANEL], [__m512; PANEL]);
 
-/// Super-block `b`'s mins terms (`vpdpwssd` of two sub-blocks' mins against the activation
+/// Super-block `b`'s (at `src`) mins terms (`vpdpwssd` of two sub-blocks' mins against the activation
 /// sums) and its float step on `sums` (the scaled integer sums per panel row).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn accumulate_super_block(
-    job: &Q4KJob<'_>,
+    job: &KJob<'_>,
+    src: *const u8,
     b: usize,
     sums: &[__m512i; PANEL],
     (acc, acc_min): &mut Accumulators,
 ) {
-    let src = job.group.as_ptr().add(b * GROUP_BLOCK_BYTES);
     let mut mins = [_mm512_setzero_si512(); PANEL];
     for t in 0..SUB_BLOCK_PAIRS {
         let min =
@@ -119,14 +171,13 @@ unsafe fn outputs((acc, acc_min): &Accumulators) -> GroupOut {
 
 /// Eight weight rows per 256-bit register (the group in two halves), four panel rows per
 /// pass; `maddubs` + `madd` form each lane's four products per step (no saturation: pairs of
-/// a nibble times an activation stay below 2¹⁵), `madd` two sub-blocks' mins terms.
+/// a 5-bit value times an activation stay below 2¹⁵), `madd` two sub-blocks' mins terms.
 ///
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C; the job's lengths were checked by the caller.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn group_avx2(job: &Q4KJob<'_>) -> GroupOut {
+pub(super) unsafe fn group_avx2<const HIGH: bool>(job: &KJob<'_>) -> GroupOut {
     const ROWS: usize = 4;
-    let low = _mm256_set1_epi8(0x0F);
     let ones = _mm256_set1_epi16(1);
     let mut out = [[0f32; PANEL]; GROUP];
     for half in 0..2 {
@@ -134,18 +185,11 @@ pub(super) unsafe fn group_avx2(job: &Q4KJob<'_>) -> GroupOut {
             let mut acc = [_mm256_setzero_ps(); ROWS];
             let mut acc_min = [_mm256_setzero_ps(); ROWS];
             for b in 0..job.nb {
-                let src = job.group.as_ptr().add(b * GROUP_BLOCK_BYTES);
+                let src = job.group.as_ptr().add(b * block_bytes::<HIGH>());
                 let mut sums = [_mm256_setzero_si256(); ROWS];
                 for s in 0..SUB_BLOCKS {
-                    let runs = src.add(NIBBLES + 512 * (s / 2) + 32 * half);
-                    let w: [__m256i; 8] = std::array::from_fn(|t| {
-                        let raw = _mm256_loadu_si256(runs.add(64 * t) as *const __m256i);
-                        if s % 2 == 0 {
-                            _mm256_and_si256(raw, low)
-                        } else {
-                            _mm256_and_si256(_mm256_srli_epi16::<4>(raw), low)
-                        }
-                    });
+                    let w: [__m256i; 8] =
+                        std::array::from_fn(|t| values_avx2::<HIGH>(src, s, t, half));
                     let scale = _mm256_cvtepu8_epi32(_mm_loadl_epi64(
                         src.add(SCALES + GROUP * s + 8 * half) as *const __m128i,
                     ));
@@ -209,29 +253,28 @@ const TILES: TileConfig = TileConfig::new([
     (0, 0),
 ]);
 
-/// Per super-block, the nibbles unpacked to bytes (sub-block `s` as eight 64-byte rows: row
+/// Per super-block, the values unpacked to bytes (sub-block `s` as eight 64-byte rows: row
 /// `t` holds values `32s + 4t..32s + 4t + 4` of each weight row, the tile's layout), then per
-/// sub-block one `tdpbsud` (signed activations × unsigned nibbles) and, in AVX-512, the sums
+/// sub-block one `tdpbsud` (signed activations × unsigned values) and, in AVX-512, the sums
 /// times the rows' scales; the mins and the float step are the AVX-512 path's.
 ///
 /// # Safety
 /// As [`group_avx512`], and `tiles` must be usable (see [`Tiles`]).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(super) unsafe fn group_amx<T: Tiles>(tiles: &mut T, job: &Q4KJob<'_>) -> GroupOut {
-    let low = _mm512_set1_epi8(0x0F);
+pub(super) unsafe fn group_amx<T: Tiles, const HIGH: bool>(
+    tiles: &mut T,
+    job: &KJob<'_>,
+) -> GroupOut {
     let mut acc = ([_mm512_setzero_ps(); PANEL], [_mm512_setzero_ps(); PANEL]);
     let mut weights = [0u8; SUB_BLOCKS * 8 * 64];
     let mut dots = [[0i32; 16]; PANEL];
     tiles.configure(&TILES);
     for b in 0..job.nb {
-        let src = job.group.as_ptr().add(b * GROUP_BLOCK_BYTES);
-        for g in 0..SUB_BLOCKS / 2 {
+        let src = job.group.as_ptr().add(b * block_bytes::<HIGH>());
+        for s in 0..SUB_BLOCKS {
             for t in 0..8 {
-                let raw = _mm512_loadu_si512(src.add(NIBBLES + 64 * (8 * g + t)) as *const _);
-                let w = weights.as_mut_ptr().add(64 * t);
-                _mm512_storeu_si512(w.add(512 * (2 * g)) as *mut _, _mm512_and_si512(raw, low));
-                let high = _mm512_and_si512(_mm512_srli_epi16::<4>(raw), low);
-                _mm512_storeu_si512(w.add(512 * (2 * g + 1)) as *mut _, high);
+                let w = weights.as_mut_ptr().add(512 * s + 64 * t);
+                _mm512_storeu_si512(w as *mut _, values_avx512::<HIGH>(src, s, t));
             }
         }
         let activations = job.a.qs.as_ptr().add(b * PANEL) as *const u8;
@@ -249,7 +292,7 @@ pub(super) unsafe fn group_amx<T: Tiles>(tiles: &mut T, job: &Q4KJob<'_>) -> Gro
                 *sum = _mm512_add_epi32(*sum, _mm512_mullo_epi32(dot, scale));
             }
         }
-        accumulate_super_block(job, b, &sums, &mut acc);
+        accumulate_super_block(job, src, b, &sums, &mut acc);
     }
     tiles.release();
     outputs(&acc)

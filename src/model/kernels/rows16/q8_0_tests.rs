@@ -68,9 +68,47 @@ impl Case for Q5_0 {
     }
 }
 
+impl Case for Q5_1 {
+    const DTYPE: GgmlDType = GgmlDType::Q5_1;
+    const SHAPES: &'static [(usize, usize, usize)] = SHAPES;
+
+    fn random(n: usize, k: usize, seed: &mut u64) -> Vec<u8> {
+        let mut bytes = Vec::new();
+        for _ in 0..n * k / BLOCK {
+            bytes.extend_from_slice(&f16::from_f32(lcg(seed) * 0.05).to_le_bytes());
+            bytes.extend_from_slice(&f16::from_f32(lcg(seed) * 0.8).to_le_bytes());
+            for _ in 0..20 {
+                bytes.push(((lcg(seed) + 1.0) * 127.9) as u8);
+            }
+        }
+        bytes
+    }
+
+    /// `(nibble | high bit << 4)·d` (the block's `m` is [`Case::minimum`]).
+    fn reference(block: &[u8], e: usize) -> f64 {
+        let d = f16::from_le_bytes([block[0], block[1]]).to_f64();
+        let qh = u32::from_le_bytes([block[4], block[5], block[6], block[7]]);
+        let nib = if e < 16 {
+            block[8 + e] & 15
+        } else {
+            block[8 + e - 16] >> 4
+        };
+        d * (nib as u32 | ((qh >> e) & 1) << 4) as f64
+    }
+
+    fn minimum(block: &[u8]) -> f64 {
+        f16::from_le_bytes([block[2], block[3]]).to_f64()
+    }
+}
+
 mod q8_0 {
     use super::*;
     format_tests!(Q8_0, 19);
+}
+
+mod q5_1 {
+    use super::*;
+    format_tests!(Q5_1, 23);
 }
 
 mod q5_0 {
@@ -91,6 +129,26 @@ fn extreme_blocks_give_the_same_bits_on_every_path() {
         .map(|i| if i % 3 == 0 { 100.0 } else { -100.0 })
         .collect();
     check_bytes::<Q8_0>(&bytes, (n, k), &x, 9);
+}
+
+#[test]
+fn q5_1_decodes_the_extremes_and_holds_36_bytes_per_block() {
+    // qh all ones, nibbles 0xF → 31·d + m; qh zero, nibbles 0 → m.
+    let mut b = vec![0u8; Q5_1_BLOCK_BYTES];
+    b[..2].copy_from_slice(&f16::from_f32(0.5).to_le_bytes());
+    b[2..4].copy_from_slice(&f16::from_f32(-2.0).to_le_bytes());
+    b[4..8].copy_from_slice(&0x0000_FFFFu32.to_le_bytes());
+    for v in &mut b[8..] {
+        *v = 0x0F;
+    }
+    let w = Q5_1Rows16::from_bytes(&b, 1, 32).expect("layout");
+    let mut row = [0f32; 32];
+    w.dequantize_row(0, &mut row);
+    assert_eq!(
+        (&row[..16], &row[16..]),
+        (&[13.5f32; 16][..], &[-2f32; 16][..])
+    );
+    assert_eq!(w.storage_bytes(), 16 * 36);
 }
 
 #[test]

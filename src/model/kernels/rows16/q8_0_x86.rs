@@ -1,9 +1,12 @@
 //! The x86 micro-kernels of [`super`]: one 32-bit lane per weight row of the group, so each
 //! output's whole-block integer sum forms in its own lane; the same exact integers and the
-//! same float operations per output as [`super::group_portable`].
+//! same float operations per output as [`super::portable`]. `MIN` selects Q5_1's layout
+//! (minima after the scales) and its minima's step.
 
+use super::super::q8_x86;
+use super::super::q8_x86::MINIMA;
 use super::super::tiles::{TileConfig, Tiles};
-use super::{GroupOut, Int8Job, GROUP, GROUP_BLOCK_BYTES, VALUES};
+use super::{block_bytes, values_at, GroupOut, Int8Job, GROUP};
 use crate::model::kernels::panel::{BLOCK, PANEL};
 use std::arch::x86_64::*;
 
@@ -25,15 +28,15 @@ unsafe fn activation_word(job: &Int8Job<'_>, i: usize, t: usize) -> i32 {
 /// The CPU must support AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C; the job's lengths were
 /// checked by the caller.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(super) unsafe fn group_avx512(job: &Int8Job<'_>) -> GroupOut {
+pub(super) unsafe fn group_avx512<const MIN: bool>(job: &Int8Job<'_>) -> GroupOut {
     let bias = _mm512_set1_epi8(-128);
     let mut acc = [_mm512_setzero_ps(); PANEL];
     for b in 0..job.nb {
-        let src = job.group.as_ptr().add(b * GROUP_BLOCK_BYTES);
-        let dw = _mm512_cvtph_ps(_mm256_loadu_si256(src as *const __m256i));
+        let src = job.group.as_ptr().add(b * block_bytes::<MIN>());
+        let scales = q8_x86::scales::<MIN>(src);
         let mut w = [_mm512_setzero_si512(); 8];
         for (t, w) in w.iter_mut().enumerate() {
-            let raw = _mm512_loadu_si512(src.add(VALUES + 64 * t) as *const _);
+            let raw = _mm512_loadu_si512(src.add(values_at::<MIN>() + 64 * t) as *const _);
             *w = _mm512_xor_si512(raw, bias);
         }
         for (r, acc_r) in acc.iter_mut().enumerate() {
@@ -43,8 +46,7 @@ pub(super) unsafe fn group_avx512(job: &Int8Job<'_>) -> GroupOut {
                 let a = _mm512_set1_epi32(activation_word(job, i, t));
                 s = _mm512_dpbusd_epi32(s, *w, a);
             }
-            let scale = _mm512_mul_ps(dw, _mm512_set1_ps(*job.a.d.get_unchecked(i)));
-            *acc_r = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(s), *acc_r);
+            *acc_r = q8_x86::block_step::<MIN>(job, i, scales, s, *acc_r);
         }
     }
     crate::model::kernels::avx512::lanes_to_outputs(&acc)
@@ -57,7 +59,7 @@ pub(super) unsafe fn group_avx512(job: &Int8Job<'_>) -> GroupOut {
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C; the job's lengths were checked by the caller.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn group_avx2(job: &Int8Job<'_>) -> GroupOut {
+pub(super) unsafe fn group_avx2<const MIN: bool>(job: &Int8Job<'_>) -> GroupOut {
     const ROWS: usize = 4;
     let ones = _mm256_set1_epi16(1);
     let mut out = [[0f32; PANEL]; GROUP];
@@ -65,13 +67,19 @@ pub(super) unsafe fn group_avx2(job: &Int8Job<'_>) -> GroupOut {
         for r0 in (0..PANEL).step_by(ROWS) {
             let mut acc = [_mm256_setzero_ps(); ROWS];
             for b in 0..job.nb {
-                let src = job.group.as_ptr().add(b * GROUP_BLOCK_BYTES);
+                let src = job.group.as_ptr().add(b * block_bytes::<MIN>());
                 let dw = _mm256_cvtph_ps(_mm_loadu_si128(src.add(16 * half) as *const __m128i));
+                let mw = if MIN {
+                    let at = MINIMA + 16 * half;
+                    _mm256_cvtph_ps(_mm_loadu_si128(src.add(at) as *const __m128i))
+                } else {
+                    _mm256_setzero_ps()
+                };
                 let mut w = [_mm256_setzero_si256(); 8];
                 let mut abs = [_mm256_setzero_si256(); 8];
                 for t in 0..8 {
-                    w[t] =
-                        _mm256_loadu_si256(src.add(VALUES + 64 * t + 32 * half) as *const __m256i);
+                    let at = values_at::<MIN>() + 64 * t + 32 * half;
+                    w[t] = _mm256_loadu_si256(src.add(at) as *const __m256i);
                     abs[t] = _mm256_sign_epi8(w[t], w[t]);
                 }
                 for (dr, acc_r) in acc.iter_mut().enumerate() {
@@ -84,6 +92,10 @@ pub(super) unsafe fn group_avx2(job: &Int8Job<'_>) -> GroupOut {
                     }
                     let scale = _mm256_mul_ps(dw, _mm256_set1_ps(*job.a.d.get_unchecked(i)));
                     *acc_r = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(s), *acc_r);
+                    if MIN {
+                        let sa = _mm256_set1_ps(*job.a.s.get_unchecked(i));
+                        *acc_r = _mm256_fmadd_ps(mw, sa, *acc_r);
+                    }
                 }
             }
             for (dr, acc) in acc.iter().enumerate() {
@@ -118,23 +130,24 @@ const TILES: TileConfig = TileConfig::new([
 /// # Safety
 /// As [`group_avx512`], and `tiles` must be usable (see [`Tiles`]).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(super) unsafe fn group_amx<T: Tiles>(tiles: &mut T, job: &Int8Job<'_>) -> GroupOut {
+pub(super) unsafe fn group_amx<T: Tiles, const MIN: bool>(
+    tiles: &mut T,
+    job: &Int8Job<'_>,
+) -> GroupOut {
     let mut acc = [_mm512_setzero_ps(); PANEL];
     let mut sums = [[0i32; 16]; PANEL];
     tiles.configure(&TILES);
     for b in 0..job.nb {
-        let src = job.group.as_ptr().add(b * GROUP_BLOCK_BYTES);
+        let src = job.group.as_ptr().add(b * block_bytes::<MIN>());
         tiles.zero(0);
         tiles.load(4, job.a.qs.as_ptr().add(b * PANEL) as *const u8, BLOCK);
-        tiles.load(6, src.add(VALUES), 64);
+        tiles.load(6, src.add(values_at::<MIN>()), 64);
         tiles.dp_ss(0, 4, 6);
         tiles.store(0, sums.as_mut_ptr() as *mut u8, 64);
-        let dw = _mm512_cvtph_ps(_mm256_loadu_si256(src as *const __m256i));
+        let scales = q8_x86::scales::<MIN>(src);
         for (r, acc_r) in acc.iter_mut().enumerate() {
             let s = _mm512_loadu_si512(sums[r].as_ptr() as *const _);
-            let da = *job.a.d.get_unchecked(b * PANEL + r);
-            let scale = _mm512_mul_ps(dw, _mm512_set1_ps(da));
-            *acc_r = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(s), *acc_r);
+            *acc_r = q8_x86::block_step::<MIN>(job, b * PANEL + r, scales, s, *acc_r);
         }
     }
     tiles.release();

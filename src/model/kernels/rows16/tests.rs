@@ -20,8 +20,14 @@ pub(crate) trait Case: Format {
     /// Random file bytes of a `[n, k]` matrix.
     fn random(n: usize, k: usize, seed: &mut u64) -> Vec<u8>;
     /// Value `e` of a file block by the GGUF definition (from the file's bytes, not from our
-    /// layout), in f64.
+    /// layout), in f64, less the block's minimum ([`Case::minimum`]).
     fn reference(block: &[u8], e: usize) -> f64;
+    /// The value every element of a file block adds (Q4_1's `m`), multiplied by the
+    /// activations' block sum as the kernels form it ([`Activations::block_sum`]).
+    fn minimum(block: &[u8]) -> f64 {
+        let _ = block;
+        0.0
+    }
 }
 
 pub(crate) fn bits(v: &[f32]) -> Vec<u32> {
@@ -42,6 +48,12 @@ fn naive<F: Case>(bytes: &[u8], (n, k): (usize, usize), x: &[f32], m: usize) -> 
                 let blk = &bytes[(j * nb + b) * F::FILE_BLOCK_BYTES..][..F::FILE_BLOCK_BYTES];
                 for e in 0..block {
                     let term = F::reference(blk, e) * a.dequantized(row, b * block + e);
+                    want += term;
+                    size += term.abs();
+                }
+                let minimum = F::minimum(blk);
+                if minimum != 0.0 {
+                    let term = minimum * a.block_sum(row, b);
                     want += term;
                     size += term.abs();
                 }

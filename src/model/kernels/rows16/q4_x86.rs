@@ -1,18 +1,28 @@
 //! The x86 micro-kernels of [`super`]: one 32-bit lane per weight row of the group, so each
 //! output's whole-block integer sum forms in its own lane; the same exact integers and the
-//! same float operations per output as [`super::group_portable`].
+//! same float operations per output as [`super::FourBit`]'s portable definition. `MIN`
+//! selects Q4_1 (minima, no offset) over Q4_0 at compile time.
 
+use super::super::q8_x86;
 use super::super::tiles::{TileConfig, Tiles};
-use super::{GroupOut, Q4_0Job, GROUP, GROUP_BLOCK_BYTES, NIBBLES};
+use super::super::Format;
+use super::{FourBit, GroupOut, Q4Job, GROUP};
 use crate::model::kernels::panel::{BLOCK, PANEL};
 use std::arch::x86_64::*;
+
+/// The block's integer sums start from `−offset·Σq_a` (Q4_0's `− 8`, Q4_1's nothing).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn offset_sum<const MIN: bool>(job: &Q4Job<'_>, i: usize) -> i32 {
+    -FourBit::<MIN>::OFFSET * *job.a.sums.get_unchecked(i)
+}
 
 /// Four activation bytes of block `i`, from byte `4·step`, in every 32-bit lane: they meet
 /// weight values `4·step..4·step + 4` (steps 0..4 the low nibbles of the four runs, 4..8 the
 /// high ones).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn activation_word(job: &Q4_0Job<'_>, i: usize, step: usize) -> i32 {
+unsafe fn activation_word(job: &Q4Job<'_>, i: usize, step: usize) -> i32 {
     (job.a.qs.as_ptr().add(i) as *const u8)
         .add(4 * step)
         .cast::<i32>()
@@ -25,27 +35,29 @@ unsafe fn activation_word(job: &Q4_0Job<'_>, i: usize, step: usize) -> i32 {
 /// The CPU must support AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C; the job's lengths were
 /// checked by the caller.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(super) unsafe fn group_avx512(job: &Q4_0Job<'_>) -> GroupOut {
+pub(super) unsafe fn group_avx512<const MIN: bool>(job: &Q4Job<'_>) -> GroupOut {
     let low = _mm512_set1_epi8(0x0F);
     let mut acc = [_mm512_setzero_ps(); PANEL];
     for b in 0..job.nb {
-        let src = job.group.as_ptr().add(b * GROUP_BLOCK_BYTES);
-        let dw = _mm512_cvtph_ps(_mm256_loadu_si256(src as *const __m256i));
+        let src = job
+            .group
+            .as_ptr()
+            .add(b * FourBit::<MIN>::GROUP_BLOCK_BYTES);
+        let scales = q8_x86::scales::<MIN>(src);
         let mut w = [_mm512_setzero_si512(); 8];
         for t in 0..4 {
-            let raw = _mm512_loadu_si512(src.add(NIBBLES + 64 * t) as *const _);
+            let raw = _mm512_loadu_si512(src.add(FourBit::<MIN>::NIBBLES + 64 * t) as *const _);
             w[t] = _mm512_and_si512(raw, low);
             w[t + 4] = _mm512_and_si512(_mm512_srli_epi16::<4>(raw), low);
         }
         for (r, acc_r) in acc.iter_mut().enumerate() {
             let i = b * PANEL + r;
-            let mut s = _mm512_set1_epi32(-8 * *job.a.sums.get_unchecked(i));
+            let mut s = _mm512_set1_epi32(offset_sum::<MIN>(job, i));
             for (step, w) in w.iter().enumerate() {
                 let a = _mm512_set1_epi32(activation_word(job, i, step));
                 s = _mm512_dpbusd_epi32(s, *w, a);
             }
-            let scale = _mm512_mul_ps(dw, _mm512_set1_ps(*job.a.d.get_unchecked(i)));
-            *acc_r = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(s), *acc_r);
+            *acc_r = q8_x86::block_step::<MIN>(job, i, scales, s, *acc_r);
         }
     }
     crate::model::kernels::avx512::lanes_to_outputs(&acc)
@@ -58,7 +70,7 @@ pub(super) unsafe fn group_avx512(job: &Q4_0Job<'_>) -> GroupOut {
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C; the job's lengths were checked by the caller.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn group_avx2(job: &Q4_0Job<'_>) -> GroupOut {
+pub(super) unsafe fn group_avx2<const MIN: bool>(job: &Q4Job<'_>) -> GroupOut {
     const ROWS: usize = 4;
     let low = _mm256_set1_epi8(0x0F);
     let ones = _mm256_set1_epi16(1);
@@ -67,18 +79,27 @@ pub(super) unsafe fn group_avx2(job: &Q4_0Job<'_>) -> GroupOut {
         for r0 in (0..PANEL).step_by(ROWS) {
             let mut acc = [_mm256_setzero_ps(); ROWS];
             for b in 0..job.nb {
-                let src = job.group.as_ptr().add(b * GROUP_BLOCK_BYTES);
+                let src = job
+                    .group
+                    .as_ptr()
+                    .add(b * FourBit::<MIN>::GROUP_BLOCK_BYTES);
                 let dw = _mm256_cvtph_ps(_mm_loadu_si128(src.add(16 * half) as *const __m128i));
+                let mw = if MIN {
+                    let at = FourBit::<MIN>::MINIMA + 16 * half;
+                    _mm256_cvtph_ps(_mm_loadu_si128(src.add(at) as *const __m128i))
+                } else {
+                    _mm256_setzero_ps()
+                };
                 let mut w = [_mm256_setzero_si256(); 8];
                 for t in 0..4 {
-                    let raw =
-                        _mm256_loadu_si256(src.add(NIBBLES + 64 * t + 32 * half) as *const __m256i);
+                    let at = FourBit::<MIN>::NIBBLES + 64 * t + 32 * half;
+                    let raw = _mm256_loadu_si256(src.add(at) as *const __m256i);
                     w[t] = _mm256_and_si256(raw, low);
                     w[t + 4] = _mm256_and_si256(_mm256_srli_epi16::<4>(raw), low);
                 }
                 for (dr, acc_r) in acc.iter_mut().enumerate() {
                     let i = b * PANEL + r0 + dr;
-                    let mut s = _mm256_set1_epi32(-8 * *job.a.sums.get_unchecked(i));
+                    let mut s = _mm256_set1_epi32(offset_sum::<MIN>(job, i));
                     for (step, w) in w.iter().enumerate() {
                         let a = _mm256_set1_epi32(activation_word(job, i, step));
                         let pairs = _mm256_maddubs_epi16(*w, a);
@@ -86,6 +107,10 @@ pub(super) unsafe fn group_avx2(job: &Q4_0Job<'_>) -> GroupOut {
                     }
                     let scale = _mm256_mul_ps(dw, _mm256_set1_ps(*job.a.d.get_unchecked(i)));
                     *acc_r = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(s), *acc_r);
+                    if MIN {
+                        let sa = _mm256_set1_ps(*job.a.s.get_unchecked(i));
+                        *acc_r = _mm256_fmadd_ps(mw, sa, *acc_r);
+                    }
                 }
             }
             for (dr, acc) in acc.iter().enumerate() {
@@ -118,21 +143,27 @@ const TILES: TileConfig = TileConfig::new([
 /// run `t`'s low nibbles become `B` row `t` (values `4t..4t + 4`), its high nibbles row
 /// `t + 4` (values `16 + 4t..`), so `B`'s K order is the values' order, and `A` is the panel's
 /// block as quantized. Then, per panel row, the AVX-512 path's float operations on the same
-/// integers (`Σ nibble·q_a − 8·Σq_a`).
+/// integers (`Σ nibble·q_a − 8·Σq_a` for Q4_0, then Q4_1's `m_w·s_a`).
 ///
 /// # Safety
 /// As [`group_avx512`], and `tiles` must be usable (see [`Tiles`]).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(super) unsafe fn group_amx<T: Tiles>(tiles: &mut T, job: &Q4_0Job<'_>) -> GroupOut {
+pub(super) unsafe fn group_amx<T: Tiles, const MIN: bool>(
+    tiles: &mut T,
+    job: &Q4Job<'_>,
+) -> GroupOut {
     let low = _mm512_set1_epi8(0x0F);
     let mut acc = [_mm512_setzero_ps(); PANEL];
     let mut weights = [0u8; 8 * 64];
     let mut sums = [[0i32; 16]; PANEL];
     tiles.configure(&TILES);
     for b in 0..job.nb {
-        let src = job.group.as_ptr().add(b * GROUP_BLOCK_BYTES);
+        let src = job
+            .group
+            .as_ptr()
+            .add(b * FourBit::<MIN>::GROUP_BLOCK_BYTES);
         for t in 0..4 {
-            let raw = _mm512_loadu_si512(src.add(NIBBLES + 64 * t) as *const _);
+            let raw = _mm512_loadu_si512(src.add(FourBit::<MIN>::NIBBLES + 64 * t) as *const _);
             let w = weights.as_mut_ptr();
             _mm512_storeu_si512(w.add(64 * t) as *mut _, _mm512_and_si512(raw, low));
             let high = _mm512_and_si512(_mm512_srli_epi16::<4>(raw), low);
@@ -143,15 +174,14 @@ pub(super) unsafe fn group_amx<T: Tiles>(tiles: &mut T, job: &Q4_0Job<'_>) -> Gr
         tiles.load(6, weights.as_ptr(), 64);
         tiles.dp_su(0, 4, 6);
         tiles.store(0, sums.as_mut_ptr() as *mut u8, 64);
-        let dw = _mm512_cvtph_ps(_mm256_loadu_si256(src as *const __m256i));
+        let scales = q8_x86::scales::<MIN>(src);
         for (r, acc_r) in acc.iter_mut().enumerate() {
             let i = b * PANEL + r;
             let s = _mm512_add_epi32(
                 _mm512_loadu_si512(sums[r].as_ptr() as *const _),
-                _mm512_set1_epi32(-8 * *job.a.sums.get_unchecked(i)),
+                _mm512_set1_epi32(offset_sum::<MIN>(job, i)),
             );
-            let scale = _mm512_mul_ps(dw, _mm512_set1_ps(*job.a.d.get_unchecked(i)));
-            *acc_r = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(s), *acc_r);
+            *acc_r = q8_x86::block_step::<MIN>(job, i, scales, s, *acc_r);
         }
     }
     tiles.release();
