@@ -148,6 +148,10 @@ impl<const MIN: bool> Format for FourBit<MIN> {
     }
 }
 
+// The shared AVX-512 step reads the minima where this layout puts them.
+#[cfg(target_arch = "x86_64")]
+const _: () = assert!(FourBit::<true>::MINIMA == super::q8_x86::MINIMA);
+
 #[cfg(target_arch = "x86_64")]
 #[path = "q4_x86.rs"]
 mod x86;
