@@ -25,7 +25,7 @@ pub mod q4k;
 pub mod q6k;
 pub mod q8_0;
 #[cfg(target_arch = "x86_64")]
-mod q8_x86;
+mod shared_x86;
 #[cfg(test)]
 pub(crate) mod tests;
 pub mod tiles;
@@ -71,6 +71,10 @@ pub trait Activations: Sync + Sized {
             .sum()
     }
 }
+
+/// Offset of the sixteen f16 minima in a group's block of the formats that have them (Q4_1,
+/// Q5_1): right after the sixteen f16 scales.
+pub(crate) const MINIMA: usize = 2 * GROUP;
 
 /// Activations in Q8_0 (32-value blocks, llama.cpp's `quantize_row_q8_0`/`q8_1` values and
 /// scales: [`panel::Panels`]) with each block's integer sum, for Q4_0, Q4_1, Q8_0 and Q5_0

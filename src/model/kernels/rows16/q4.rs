@@ -30,7 +30,7 @@
 
 use half::f16;
 
-use super::{Format, GroupOut, Job, Q8Panel, Q8Panels, Rows16Matrix, GROUP};
+use super::{Format, GroupOut, Job, Q8Panel, Q8Panels, Rows16Matrix, GROUP, MINIMA};
 use crate::model::kernels::panel::PANEL;
 
 /// A 4-bit format of the interleaved-rows driver: Q4_0 without minima ([`Q4_0`]), Q4_1 with
@@ -54,8 +54,6 @@ pub(crate) type Q4Job<'a> = Job<'a, Q8Panel<'a>>;
 impl<const MIN: bool> FourBit<MIN> {
     /// Bytes of f16 scales per row's block: `d`, and `m` for Q4_1.
     const SCALE_BYTES: usize = if MIN { 4 } else { 2 };
-    /// Offset of the minima in a group's block (Q4_1).
-    const MINIMA: usize = 2 * GROUP;
     /// Offset of the nibbles in a group's block.
     pub(crate) const NIBBLES: usize = Self::SCALE_BYTES * GROUP;
     /// Subtracted from each nibble inside the integer sum.
@@ -64,11 +62,7 @@ impl<const MIN: bool> FourBit<MIN> {
     /// Lane `lane`'s `(d, m)` (`m` = 0 for Q4_0) of a group's block.
     fn scales(src: &[u8], lane: usize) -> (f32, f32) {
         let half = |at: usize| f16::from_le_bytes([src[at], src[at + 1]]).to_f32();
-        let m = if MIN {
-            half(Self::MINIMA + 2 * lane)
-        } else {
-            0.0
-        };
+        let m = if MIN { half(MINIMA + 2 * lane) } else { 0.0 };
         (half(2 * lane), m)
     }
 
@@ -88,7 +82,7 @@ impl<const MIN: bool> Format for FourBit<MIN> {
     fn pack(src: &[u8], dst: &mut [u8], lane: usize) {
         dst[2 * lane..2 * lane + 2].copy_from_slice(&src[..2]);
         if MIN {
-            dst[Self::MINIMA + 2 * lane..][..2].copy_from_slice(&src[2..4]);
+            dst[MINIMA + 2 * lane..][..2].copy_from_slice(&src[2..4]);
         }
         let nibbles = &src[Self::SCALE_BYTES..];
         for t in 0..4 {
@@ -147,10 +141,6 @@ impl<const MIN: bool> Format for FourBit<MIN> {
         Some(x86::group_amx::<T, MIN>(tiles, job))
     }
 }
-
-// The shared AVX-512 step reads the minima where this layout puts them.
-#[cfg(target_arch = "x86_64")]
-const _: () = assert!(FourBit::<true>::MINIMA == super::q8_x86::MINIMA);
 
 #[cfg(target_arch = "x86_64")]
 #[path = "q4_x86.rs"]

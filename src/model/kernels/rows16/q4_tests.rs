@@ -1,4 +1,4 @@
-use super::super::tests::{check_bytes, format_tests, Case};
+use super::super::tests::{check_extreme_blocks, format_tests, Case};
 use super::*;
 use crate::model::kernels::panel::tests::lcg;
 use crate::model::kernels::panel::BLOCK;
@@ -81,35 +81,30 @@ mod q4_1 {
     format_tests!(Q4_1, 29);
 }
 
+/// The f16 bytes of `v`.
+fn f16_bytes(v: f32) -> [u8; 2] {
+    f16::from_f32(v).to_le_bytes()
+}
+
 #[test]
 fn extreme_blocks_give_the_same_bits_on_every_path() {
     // Every weight −8 or 7 (the extremes) against ±127 activations.
-    let (n, k) = (19, 64);
-    let mut bytes = Vec::new();
-    for b in 0..n * k / BLOCK {
-        bytes.extend_from_slice(&f16::from_f32(if b % 2 == 0 { 1.0 } else { -3.5 }).to_le_bytes());
-        bytes.extend_from_slice(&[[0x00, 0xF0, 0xFF, 0x0F][b % 4]; 16]);
-    }
-    let x: Vec<f32> = (0..9 * k)
-        .map(|i| if i % 3 == 0 { 100.0 } else { -100.0 })
-        .collect();
-    check_bytes::<Q4_0>(&bytes, (n, k), &x, 9);
+    check_extreme_blocks::<Q4_0>(|b| {
+        let mut block = f16_bytes(if b % 2 == 0 { 1.0 } else { -3.5 }).to_vec();
+        block.extend_from_slice(&[[0x00, 0xF0, 0xFF, 0x0F][b % 4]; 16]);
+        block
+    });
 }
 
 #[test]
 fn extreme_q4_1_blocks_give_the_same_bits_on_every_path() {
     // Nibbles 0 or 15 with minima of both signs against ±127 activations.
-    let (n, k) = (19, 64);
-    let mut bytes = Vec::new();
-    for b in 0..n * k / BLOCK {
-        bytes.extend_from_slice(&f16::from_f32(if b % 2 == 0 { 1.0 } else { 3.5 }).to_le_bytes());
-        bytes.extend_from_slice(&f16::from_f32([-8.0, 0.0, 2.5][b % 3]).to_le_bytes());
-        bytes.extend_from_slice(&[[0x00, 0xF0, 0xFF, 0x0F][b % 4]; 16]);
-    }
-    let x: Vec<f32> = (0..9 * k)
-        .map(|i| if i % 3 == 0 { 100.0 } else { -100.0 })
-        .collect();
-    check_bytes::<Q4_1>(&bytes, (n, k), &x, 9);
+    check_extreme_blocks::<Q4_1>(|b| {
+        let mut block = f16_bytes(if b % 2 == 0 { 1.0 } else { 3.5 }).to_vec();
+        block.extend_from_slice(&f16_bytes([-8.0, 0.0, 2.5][b % 3]));
+        block.extend_from_slice(&[[0x00, 0xF0, 0xFF, 0x0F][b % 4]; 16]);
+        block
+    });
 }
 
 #[test]

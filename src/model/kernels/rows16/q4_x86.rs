@@ -3,7 +3,7 @@
 //! same float operations per output as [`super::FourBit`]'s portable definition. `MIN`
 //! selects Q4_1 (minima, no offset) over Q4_0 at compile time.
 
-use super::super::q8_x86;
+use super::super::shared_x86 as shared;
 use super::super::tiles::{TileConfig, Tiles};
 use super::super::Format;
 use super::{FourBit, GroupOut, Q4Job, GROUP};
@@ -43,7 +43,7 @@ pub(super) unsafe fn group_avx512<const MIN: bool>(job: &Q4Job<'_>) -> GroupOut 
             .group
             .as_ptr()
             .add(b * FourBit::<MIN>::GROUP_BLOCK_BYTES);
-        let scales = q8_x86::scales::<MIN>(src);
+        let scales = shared::scales::<MIN>(src);
         let mut w = [_mm512_setzero_si512(); 8];
         for t in 0..4 {
             let raw = _mm512_loadu_si512(src.add(FourBit::<MIN>::NIBBLES + 64 * t) as *const _);
@@ -57,7 +57,7 @@ pub(super) unsafe fn group_avx512<const MIN: bool>(job: &Q4Job<'_>) -> GroupOut 
                 let a = _mm512_set1_epi32(activation_word(job, i, step));
                 s = _mm512_dpbusd_epi32(s, *w, a);
             }
-            *acc_r = q8_x86::block_step::<MIN>(job, i, scales, s, *acc_r);
+            *acc_r = shared::block_step::<MIN>(job, i, scales, s, *acc_r);
         }
     }
     crate::model::kernels::avx512::lanes_to_outputs(&acc)
@@ -83,13 +83,7 @@ pub(super) unsafe fn group_avx2<const MIN: bool>(job: &Q4Job<'_>) -> GroupOut {
                     .group
                     .as_ptr()
                     .add(b * FourBit::<MIN>::GROUP_BLOCK_BYTES);
-                let dw = _mm256_cvtph_ps(_mm_loadu_si128(src.add(16 * half) as *const __m128i));
-                let mw = if MIN {
-                    let at = FourBit::<MIN>::MINIMA + 16 * half;
-                    _mm256_cvtph_ps(_mm_loadu_si128(src.add(at) as *const __m128i))
-                } else {
-                    _mm256_setzero_ps()
-                };
+                let scales = shared::scales_avx2::<MIN>(src, half);
                 let mut w = [_mm256_setzero_si256(); 8];
                 for t in 0..4 {
                     let at = FourBit::<MIN>::NIBBLES + 64 * t + 32 * half;
@@ -105,21 +99,10 @@ pub(super) unsafe fn group_avx2<const MIN: bool>(job: &Q4Job<'_>) -> GroupOut {
                         let pairs = _mm256_maddubs_epi16(*w, a);
                         s = _mm256_add_epi32(s, _mm256_madd_epi16(pairs, ones));
                     }
-                    let scale = _mm256_mul_ps(dw, _mm256_set1_ps(*job.a.d.get_unchecked(i)));
-                    *acc_r = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(s), *acc_r);
-                    if MIN {
-                        let sa = _mm256_set1_ps(*job.a.s.get_unchecked(i));
-                        *acc_r = _mm256_fmadd_ps(mw, sa, *acc_r);
-                    }
+                    *acc_r = shared::block_step_avx2::<MIN>(job, i, scales, s, *acc_r);
                 }
             }
-            for (dr, acc) in acc.iter().enumerate() {
-                let mut lanes = [0f32; 8];
-                _mm256_storeu_ps(lanes.as_mut_ptr(), *acc);
-                for (l, v) in lanes.iter().enumerate() {
-                    out[8 * half + l][r0 + dr] = *v;
-                }
-            }
+            shared::store_half(&mut out, half, r0, &acc);
         }
     }
     out
@@ -174,14 +157,14 @@ pub(super) unsafe fn group_amx<T: Tiles, const MIN: bool>(
         tiles.load(6, weights.as_ptr(), 64);
         tiles.dp_su(0, 4, 6);
         tiles.store(0, sums.as_mut_ptr() as *mut u8, 64);
-        let scales = q8_x86::scales::<MIN>(src);
+        let scales = shared::scales::<MIN>(src);
         for (r, acc_r) in acc.iter_mut().enumerate() {
             let i = b * PANEL + r;
             let s = _mm512_add_epi32(
                 _mm512_loadu_si512(sums[r].as_ptr() as *const _),
                 _mm512_set1_epi32(offset_sum::<MIN>(job, i)),
             );
-            *acc_r = q8_x86::block_step::<MIN>(job, i, scales, s, *acc_r);
+            *acc_r = shared::block_step::<MIN>(job, i, scales, s, *acc_r);
         }
     }
     tiles.release();

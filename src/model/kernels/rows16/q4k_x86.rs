@@ -227,13 +227,9 @@ pub(super) unsafe fn group_avx2<const HIGH: bool>(job: &KJob<'_>) -> GroupOut {
                     acc_min[dr] = _mm256_fmadd_ps(m, _mm256_cvtepi32_ps(mins[dr]), acc_min[dr]);
                 }
             }
-            for dr in 0..ROWS {
-                let mut lanes = [0f32; 8];
-                _mm256_storeu_ps(lanes.as_mut_ptr(), _mm256_sub_ps(acc[dr], acc_min[dr]));
-                for (l, v) in lanes.iter().enumerate() {
-                    out[8 * half + l][r0 + dr] = *v;
-                }
-            }
+            let diff: [__m256; ROWS] =
+                std::array::from_fn(|dr| _mm256_sub_ps(acc[dr], acc_min[dr]));
+            super::super::shared_x86::store_half(&mut out, half, r0, &diff);
         }
     }
     out

@@ -151,13 +151,7 @@ pub(super) unsafe fn group_avx2(job: &Q6KJob<'_>) -> GroupOut {
                     *acc = _mm256_fmadd_ps(_mm256_mul_ps(dw, da), _mm256_cvtepi32_ps(*sum), *acc);
                 }
             }
-            for (dr, acc) in acc.iter().enumerate() {
-                let mut lanes = [0f32; 8];
-                _mm256_storeu_ps(lanes.as_mut_ptr(), *acc);
-                for (l, v) in lanes.iter().enumerate() {
-                    out[8 * half + l][r0 + dr] = *v;
-                }
-            }
+            super::super::shared_x86::store_half(&mut out, half, r0, &acc);
         }
     }
     out

@@ -32,7 +32,7 @@
 
 use half::f16;
 
-use super::{Format, GroupOut, Job, Q8Panel, Q8Panels, Rows16Matrix, GROUP};
+use super::{Format, GroupOut, Job, Q8Panel, Q8Panels, Rows16Matrix, GROUP, MINIMA};
 use crate::model::kernels::panel::{BLOCK, PANEL};
 
 /// Bytes of one GGUF Q5_0 block: f16 d, 4 bytes of high bits, 16 bytes of nibbles.
@@ -41,10 +41,6 @@ pub const Q5_0_BLOCK_BYTES: usize = 22;
 pub const Q5_1_BLOCK_BYTES: usize = 24;
 /// Bytes of one GGUF Q8_0 block: f16 d, 32 signed bytes.
 pub const Q8_0_BLOCK_BYTES: usize = 34;
-/// Offset of the minima (Q5_1) in a group's block.
-const MINIMA: usize = 2 * GROUP;
-#[cfg(target_arch = "x86_64")]
-const _: () = assert!(MINIMA == super::q8_x86::MINIMA);
 
 /// Offset of the values in a group's block: after the scales (and the minima, `MIN`).
 pub(crate) const fn values_at<const MIN: bool>() -> usize {

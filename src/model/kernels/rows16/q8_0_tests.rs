@@ -1,4 +1,4 @@
-use super::super::tests::{check_bytes, format_tests, Case};
+use super::super::tests::{check_extreme_blocks, format_tests, Case};
 use super::*;
 use crate::model::kernels::panel::tests::lcg;
 use candle_core::quantized::GgmlDType;
@@ -119,16 +119,12 @@ mod q5_0 {
 #[test]
 fn extreme_blocks_give_the_same_bits_on_every_path() {
     // Every weight −128 or 127 against ±127 activations: the largest products each path forms.
-    let (n, k) = (19, 64);
-    let mut bytes = Vec::new();
-    for b in 0..n * k / BLOCK {
-        bytes.extend_from_slice(&f16::from_f32(if b % 2 == 0 { 1.0 } else { -3.5 }).to_le_bytes());
-        bytes.extend_from_slice(&[[0x80, 0x7F, 0x80, 0x00][b % 4]; 32]);
-    }
-    let x: Vec<f32> = (0..9 * k)
-        .map(|i| if i % 3 == 0 { 100.0 } else { -100.0 })
-        .collect();
-    check_bytes::<Q8_0>(&bytes, (n, k), &x, 9);
+    check_extreme_blocks::<Q8_0>(|b| {
+        let d = if b % 2 == 0 { 1.0 } else { -3.5 };
+        let mut block = f16::from_f32(d).to_le_bytes().to_vec();
+        block.extend_from_slice(&[[0x80, 0x7F, 0x80, 0x00][b % 4]; 32]);
+        block
+    });
 }
 
 #[test]

@@ -3,8 +3,7 @@
 //! same float operations per output as [`super::portable`]. `MIN` selects Q5_1's layout
 //! (minima after the scales) and its minima's step.
 
-use super::super::q8_x86;
-use super::super::q8_x86::MINIMA;
+use super::super::shared_x86 as shared;
 use super::super::tiles::{TileConfig, Tiles};
 use super::{block_bytes, values_at, GroupOut, Int8Job, GROUP};
 use crate::model::kernels::panel::{BLOCK, PANEL};
@@ -33,7 +32,7 @@ pub(super) unsafe fn group_avx512<const MIN: bool>(job: &Int8Job<'_>) -> GroupOu
     let mut acc = [_mm512_setzero_ps(); PANEL];
     for b in 0..job.nb {
         let src = job.group.as_ptr().add(b * block_bytes::<MIN>());
-        let scales = q8_x86::scales::<MIN>(src);
+        let scales = shared::scales::<MIN>(src);
         let mut w = [_mm512_setzero_si512(); 8];
         for (t, w) in w.iter_mut().enumerate() {
             let raw = _mm512_loadu_si512(src.add(values_at::<MIN>() + 64 * t) as *const _);
@@ -46,7 +45,7 @@ pub(super) unsafe fn group_avx512<const MIN: bool>(job: &Int8Job<'_>) -> GroupOu
                 let a = _mm512_set1_epi32(activation_word(job, i, t));
                 s = _mm512_dpbusd_epi32(s, *w, a);
             }
-            *acc_r = q8_x86::block_step::<MIN>(job, i, scales, s, *acc_r);
+            *acc_r = shared::block_step::<MIN>(job, i, scales, s, *acc_r);
         }
     }
     crate::model::kernels::avx512::lanes_to_outputs(&acc)
@@ -68,13 +67,7 @@ pub(super) unsafe fn group_avx2<const MIN: bool>(job: &Int8Job<'_>) -> GroupOut 
             let mut acc = [_mm256_setzero_ps(); ROWS];
             for b in 0..job.nb {
                 let src = job.group.as_ptr().add(b * block_bytes::<MIN>());
-                let dw = _mm256_cvtph_ps(_mm_loadu_si128(src.add(16 * half) as *const __m128i));
-                let mw = if MIN {
-                    let at = MINIMA + 16 * half;
-                    _mm256_cvtph_ps(_mm_loadu_si128(src.add(at) as *const __m128i))
-                } else {
-                    _mm256_setzero_ps()
-                };
+                let scales = shared::scales_avx2::<MIN>(src, half);
                 let mut w = [_mm256_setzero_si256(); 8];
                 let mut abs = [_mm256_setzero_si256(); 8];
                 for t in 0..8 {
@@ -90,21 +83,10 @@ pub(super) unsafe fn group_avx2<const MIN: bool>(job: &Int8Job<'_>) -> GroupOut 
                         let pairs = _mm256_maddubs_epi16(abs[t], _mm256_sign_epi8(a, w[t]));
                         s = _mm256_add_epi32(s, _mm256_madd_epi16(pairs, ones));
                     }
-                    let scale = _mm256_mul_ps(dw, _mm256_set1_ps(*job.a.d.get_unchecked(i)));
-                    *acc_r = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(s), *acc_r);
-                    if MIN {
-                        let sa = _mm256_set1_ps(*job.a.s.get_unchecked(i));
-                        *acc_r = _mm256_fmadd_ps(mw, sa, *acc_r);
-                    }
+                    *acc_r = shared::block_step_avx2::<MIN>(job, i, scales, s, *acc_r);
                 }
             }
-            for (dr, acc) in acc.iter().enumerate() {
-                let mut lanes = [0f32; 8];
-                _mm256_storeu_ps(lanes.as_mut_ptr(), *acc);
-                for (l, v) in lanes.iter().enumerate() {
-                    out[8 * half + l][r0 + dr] = *v;
-                }
-            }
+            shared::store_half(&mut out, half, r0, &acc);
         }
     }
     out
@@ -144,10 +126,10 @@ pub(super) unsafe fn group_amx<T: Tiles, const MIN: bool>(
         tiles.load(6, src.add(values_at::<MIN>()), 64);
         tiles.dp_ss(0, 4, 6);
         tiles.store(0, sums.as_mut_ptr() as *mut u8, 64);
-        let scales = q8_x86::scales::<MIN>(src);
+        let scales = shared::scales::<MIN>(src);
         for (r, acc_r) in acc.iter_mut().enumerate() {
             let s = _mm512_loadu_si512(sums[r].as_ptr() as *const _);
-            *acc_r = q8_x86::block_step::<MIN>(job, b * PANEL + r, scales, s, *acc_r);
+            *acc_r = shared::block_step::<MIN>(job, b * PANEL + r, scales, s, *acc_r);
         }
     }
     tiles.release();

@@ -120,6 +120,18 @@ pub(crate) fn check_bytes<F: Case>(bytes: &[u8], (n, k): (usize, usize), x: &[f3
     assert_eq!(bits(&w.matmul(x, m)), bits(&portable));
 }
 
+/// [`check_bytes`] on 19 rows of two blocks, block `b` of the file written by `block(b)`
+/// (the format's extreme values), against ±100 activations (quantized to ±127): the largest
+/// products and sums each path forms.
+pub(crate) fn check_extreme_blocks<F: Case>(block: impl Fn(usize) -> Vec<u8>) {
+    let (n, k) = (19, 2 * F::Act::BLOCK);
+    let bytes: Vec<u8> = (0..n * 2).flat_map(&block).collect();
+    let x: Vec<f32> = (0..9 * k)
+        .map(|i| if i % 3 == 0 { 100.0 } else { -100.0 })
+        .collect();
+    check_bytes::<F>(&bytes, (n, k), &x, 9);
+}
+
 /// [`check_bytes`] on random weights of every shape of the case.
 pub(crate) fn check_levels<F: Case>(mut seed: u64) {
     for &(m, n, k) in F::SHAPES {

@@ -1,0 +1,101 @@
+//! The x86 steps shared by the interleaved-rows kernels: for the formats on Q8_0/Q8_1
+//! activations ([`super::q4`], [`super::q8_0`]) a group block's scales (and minima) and one
+//! block's float step per panel row, in AVX-512 and AVX2, so every format with minima (Q4_1,
+//! Q5_1) adds them in the same place; and the AVX2 kernels' write-out of their lanes.
+
+use super::{GroupOut, Job, Q8Panel, MINIMA};
+use std::arch::x86_64::*;
+
+/// A group block's sixteen `d` and (`MIN`) sixteen `m` as f32 lanes (`m` zero otherwise).
+///
+/// # Safety
+/// The CPU must support AVX-512F and F16C; `src` holds the block's scales (and minima).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(crate) unsafe fn scales<const MIN: bool>(src: *const u8) -> [__m512; 2] {
+    let dw = _mm512_cvtph_ps(_mm256_loadu_si256(src as *const __m256i));
+    let mw = if MIN {
+        _mm512_cvtph_ps(_mm256_loadu_si256(src.add(MINIMA) as *const __m256i))
+    } else {
+        _mm512_setzero_ps()
+    };
+    [dw, mw]
+}
+
+/// One block's float operations for panel entry `i` in sixteen weight rows' lanes, from their
+/// exact integer sums `s`: `fma(d_w·d_a, s, acc)`, then (`MIN`) `fma(m_w, s_a, ·)`.
+///
+/// # Safety
+/// As [`scales`]; entry `i` is within the panel (the driver checked its lengths).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(crate) unsafe fn block_step<const MIN: bool>(
+    job: &Job<'_, Q8Panel<'_>>,
+    i: usize,
+    [dw, mw]: [__m512; 2],
+    s: __m512i,
+    acc: __m512,
+) -> __m512 {
+    let scale = _mm512_mul_ps(dw, _mm512_set1_ps(*job.a.d.get_unchecked(i)));
+    let acc = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(s), acc);
+    if !MIN {
+        return acc;
+    }
+    _mm512_fmadd_ps(mw, _mm512_set1_ps(*job.a.s.get_unchecked(i)), acc)
+}
+
+/// [`block_step`] for eight weight rows in AVX2 lanes.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA; entry `i` is within the panel.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn block_step_avx2<const MIN: bool>(
+    job: &Job<'_, Q8Panel<'_>>,
+    i: usize,
+    [dw, mw]: [__m256; 2],
+    s: __m256i,
+    acc: __m256,
+) -> __m256 {
+    let scale = _mm256_mul_ps(dw, _mm256_set1_ps(*job.a.d.get_unchecked(i)));
+    let acc = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(s), acc);
+    if !MIN {
+        return acc;
+    }
+    _mm256_fmadd_ps(mw, _mm256_set1_ps(*job.a.s.get_unchecked(i)), acc)
+}
+
+/// Half `half` (eight weight rows) of a group block's `d` and (`MIN`) `m` as f32 lanes.
+///
+/// # Safety
+/// The CPU must support AVX2 and F16C; `src` holds the block's scales (and minima).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn scales_avx2<const MIN: bool>(src: *const u8, half: usize) -> [__m256; 2] {
+    let dw = _mm256_cvtph_ps(_mm_loadu_si128(src.add(16 * half) as *const __m128i));
+    let mw = if MIN {
+        _mm256_cvtph_ps(_mm_loadu_si128(
+            src.add(MINIMA + 16 * half) as *const __m128i
+        ))
+    } else {
+        _mm256_setzero_ps()
+    };
+    [dw, mw]
+}
+
+/// An AVX2 kernel's accumulators for panel rows `r0..r0 + acc.len()`, lane `l` weight row
+/// `8·half + l`, into the group's outputs.
+///
+/// # Safety
+/// The CPU must support AVX; `r0 + acc.len() ≤ PANEL`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn store_half(out: &mut GroupOut, half: usize, r0: usize, acc: &[__m256]) {
+    for (dr, acc) in acc.iter().enumerate() {
+        let mut lanes = [0f32; 8];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), *acc);
+        for (l, v) in lanes.iter().enumerate() {
+            out[8 * half + l][r0 + dr] = *v;
+        }
+    }
+}
