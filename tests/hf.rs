@@ -221,8 +221,7 @@ fn a_safetensors_export_of_smollm2_evaluates_to_the_gguf_f32_numbers() {
     assert_eq!(a, b);
 
     // The checkpoint's numbers = the GGUF dequantized to f32, bit for bit, both through the
-    // f32 path (`native` on an F32 checkpoint runs the own F32 kernel, whose summation order
-    // differs from candle's gemm in the last bits: tests/export.rs bounds that).
+    // f32 path (the own F32 kernel; `native` on an F32 checkpoint runs it too).
     let gguf = eval_model(&common::model(), &["--precision", "f32"]);
     let hf = eval_model(&dir, &["--precision", "f32"]);
     assert_same_numbers(&gguf, &hf);

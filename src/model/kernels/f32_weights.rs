@@ -1,5 +1,6 @@
-//! F32 weight matrices in `native` precision, multiplied in register tiles of eight activation
-//! rows on the shared driver ([`super::half_driver`]), used in place from the model file's map.
+//! F32 weight matrices — an F32 file's in `native` precision, used in place from the model
+//! file's map, and every file's dequantized weights in `--precision f32` — multiplied in
+//! register tiles of eight activation rows on the shared driver ([`super::half_driver`]).
 //!
 //! Why: an F32 GGUF's matrices went through candle's f32 gemm, which ran the SmolLM2 F32
 //! export at 0.84× llama.cpp's tokens/s; candle also copied every matrix out of the map.
@@ -61,6 +62,18 @@ impl F32Matrix {
             .chunks_exact(4)
             .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
             .collect();
+        Some(Self {
+            n,
+            k,
+            values: Values::Owned(values),
+        })
+    }
+
+    /// From `[n, k]` values (dequantized weights: `--precision f32`).
+    pub fn from_values(values: Vec<f32>, n: usize, k: usize) -> Option<Self> {
+        if k == 0 || n.checked_mul(k)? != values.len() {
+            return None;
+        }
         Some(Self {
             n,
             k,

@@ -106,6 +106,12 @@ pub fn own_matrix(
     Some(m.ok_or_else(|| format!("a malformed {dtype:?} layout for [{n}, {k}]")))
 }
 
+/// The F32 kernel on `[n, k]` f32 values (a matrix dequantized for `--precision f32`); `None`
+/// when the count is not `n·k`.
+pub fn own_f32_matrix(values: Vec<f32>, n: usize, k: usize) -> Option<Arc<dyn OwnMatrix>> {
+    f32_weights::F32Matrix::from_values(values, n, k).map(|m| Arc::new(m) as Arc<dyn OwnMatrix>)
+}
+
 /// [`own_matrix`] for a whole tensor still in the file's map: a kernel that can multiply the
 /// stored bytes as they are (BF16, F32) keeps them there instead of copying them; every other
 /// type is [`own_matrix`] of the bytes.

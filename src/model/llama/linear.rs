@@ -34,7 +34,7 @@ impl Linear {
         kernels: Kernels,
     ) -> Result<Self> {
         if own_kernels(precision, kernels) {
-            if let Some(own) = Self::own(raw, name)? {
+            if let Some(own) = Self::own(raw, name, precision)? {
                 return Ok(own);
             }
         }
@@ -42,15 +42,43 @@ impl Linear {
         Self::from_qtensor(q, name, precision, device, kernels)
     }
 
-    /// Our kernel for a stored `[n, k]` matrix, if one serves its type (on the file's map
-    /// in place where the kernel can use it so).
-    pub(super) fn own(raw: &RawTensor<'_>, name: &str) -> Result<Option<Self>> {
+    /// Our kernel for a stored `[n, k]` matrix in `precision` ([`own_kernels`]): in native
+    /// precision the kernel of its type, if one serves it (on the file's map in place where
+    /// the kernel can use it so); in f32 the F32 kernel on its dequantized values (an F32
+    /// tensor in place).
+    pub(super) fn own(
+        raw: &RawTensor<'_>,
+        name: &str,
+        precision: Precision,
+    ) -> Result<Option<Self>> {
         let [n, k] = *raw.shape else { return Ok(None) };
+        if precision == Precision::F32 && raw.dtype != GgmlDType::F32 {
+            let w = qtensor(raw, name, &Device::Cpu)?.dequantize(&Device::Cpu)?;
+            return Self::own_f32(&w, name);
+        }
         let own = match &raw.mapped {
             Some(mapped) => kernels::own_matrix_in_place(raw.dtype, mapped, n, k),
             None => kernels::own_matrix(raw.dtype, &raw.bytes, n, k),
         };
         Self::own_result(own, name)
+    }
+
+    /// The F32 kernel on the values of a `[n, k]` matrix (dequantized): `--precision f32` on
+    /// our kernels. The values are candle's dequantization, as the dense tensor it multiplied
+    /// before; the products are the F32 kernel's, in its one order whatever the level, so a
+    /// quantized file in f32 gives the bits of its f32 export (`ppl export --dtype f32`) in
+    /// native precision.
+    fn own_f32(w: &Tensor, name: &str) -> Result<Option<Self>> {
+        let &[n, k] = w.dims() else {
+            return Ok(None);
+        };
+        let values = w
+            .to_dtype(candle_core::DType::F32)?
+            .flatten_all()?
+            .to_vec1::<f32>()?;
+        let own = kernels::own_f32_matrix(values, n, k)
+            .ok_or_else(|| format!("a malformed F32 layout for [{n}, {k}]"));
+        Self::own_result(Some(own), name)
     }
 
     /// [`Self::own`] of bytes held elsewhere (a candle tensor's).
@@ -97,9 +125,16 @@ impl Linear {
             detail: format!("cannot quantize it to {}: {e}", q.scheme),
         };
         match quantize::quantize(q, &w, site).map_err(err)? {
-            Quantized::Dense(t) => Ok(Linear::Candle(QMatMul::Tensor(
-                t.to_dtype(precision.dtype())?.to_device(device)?,
-            ))),
+            Quantized::Dense(t) => {
+                if own_kernels(precision, kernels) {
+                    if let Some(own) = Self::own_f32(&t, name)? {
+                        return Ok(own);
+                    }
+                }
+                Ok(Linear::Candle(QMatMul::Tensor(
+                    t.to_dtype(precision.dtype())?.to_device(device)?,
+                )))
+            }
             Quantized::Ggml(qt) => Self::from_qtensor(qt, name, precision, device, kernels),
         }
     }
@@ -113,7 +148,11 @@ impl Linear {
         kernels: Kernels,
     ) -> Result<Self> {
         if own_kernels(precision, kernels) {
-            if let Some(own) = Self::own_of(q.dtype(), &q.data()?, q.shape().dims(), name)? {
+            let own = match precision {
+                Precision::F32 => Self::own_f32(&q.dequantize(&Device::Cpu)?, name)?,
+                _ => Self::own_of(q.dtype(), &q.data()?, q.shape().dims(), name)?,
+            };
+            if let Some(own) = own {
                 return Ok(own);
             }
         }
@@ -225,9 +264,11 @@ pub(super) struct Compute<'a> {
     pub(super) kernels: Kernels,
 }
 
-/// Whether our quantized matmuls take the weights (they serve native precision only).
+/// Whether our matmuls take the weights: in native precision (each stored type's kernel) and
+/// in f32 (the F32 kernel on the dequantized values; candle's f32 gemm ran a SmolLM2 window
+/// about 1.3× slower, and its order was not the F32 file's).
 pub(super) fn own_kernels(precision: Precision, kernels: Kernels) -> bool {
-    precision == Precision::Native && kernels == Kernels::Own
+    matches!(precision, Precision::Native | Precision::F32) && kernels == Kernels::Own
 }
 
 /// Candle storage for stored bytes, on `device`.

@@ -86,7 +86,7 @@ impl Llama {
                 && quant_out.is_none()
                 && own_kernels(precision, kernels)
             {
-                output = Linear::own(raw, "token_embd.weight")?;
+                output = Linear::own(raw, "token_embd.weight", precision)?;
             }
         }
         let tied_own = match &output {
