@@ -172,6 +172,70 @@ pub struct Job<'a, P> {
     pub a: P,
 }
 
+/// The portable kernels' loop over a group's blocks: each lane's `N` values decoded once per
+/// block (`decode(src, lane, values)`, as signed bytes), then `block(b, src, values)` runs the
+/// panel's rows through the format's definition, in its float order. (Value by value, per
+/// output, the definition took seconds per window: the decoding was repeated for every panel
+/// row and nothing vectorised.)
+pub(crate) fn decoded_blocks<const N: usize>(
+    group: &[u8],
+    nb: usize,
+    block_bytes: usize,
+    decode: impl Fn(&[u8], usize, &mut [i8; N]),
+    mut block: impl FnMut(usize, &[u8], &[[i8; N]; GROUP]),
+) {
+    let mut values = [[0i8; N]; GROUP];
+    for b in 0..nb {
+        let src = &group[b * block_bytes..][..block_bytes];
+        for (lane, v) in values.iter_mut().enumerate() {
+            decode(src, lane, v);
+        }
+        block(b, src, &values);
+    }
+}
+
+/// `Σ a·b` of two byte vectors, exact (a whole-block dot product the compiler vectorises).
+pub(crate) fn dot_i8(a: &[i8], b: &[i8]) -> i32 {
+    a.iter().zip(b).map(|(&x, &y)| x as i32 * y as i32).sum()
+}
+
+/// Lane `lane`'s f16 at `at` (a scale or a minimum) of a group's block.
+pub(crate) fn lane_f16(src: &[u8], at: usize, lane: usize) -> f32 {
+    half::f16::from_le_bytes([src[at + 2 * lane], src[at + 2 * lane + 1]]).to_f32()
+}
+
+/// The portable micro-kernel of the formats on Q8_0/Q8_1 activations (Q4_0, Q4_1, Q8_0, Q5_0,
+/// Q5_1), their definition: per block in order, `acc = fma(d_w·d_a, Σ w·q_a − offset·Σq_a,
+/// acc)` and, with minima (`MIN`: sixteen f16 at [`MINIMA`]), `acc = fma(m_w, s_a, acc)` —
+/// the SIMD kernels' float order. `decode` gives lane `lane`'s 32 weights of a block.
+pub(crate) fn portable_q8<const MIN: bool>(
+    job: &Job<'_, Q8Panel<'_>>,
+    block_bytes: usize,
+    offset: i32,
+    decode: impl Fn(&[u8], usize, &mut [i8; BLOCK]),
+) -> GroupOut {
+    let mut out = [[0f32; PANEL]; GROUP];
+    decoded_blocks(job.group, job.nb, block_bytes, decode, |b, src, w| {
+        for (lane, (w, out)) in w.iter().zip(out.iter_mut()).enumerate() {
+            let dw = lane_f16(src, 0, lane);
+            let mw = if MIN {
+                lane_f16(src, MINIMA, lane)
+            } else {
+                0.0
+            };
+            for (r, acc) in out.iter_mut().enumerate() {
+                let i = b * PANEL + r;
+                let sum = dot_i8(w, &job.a.qs[i]) - offset * job.a.sums[i];
+                *acc = (dw * job.a.d[i]).mul_add(sum as f32, *acc);
+                if MIN {
+                    *acc = mw.mul_add(job.a.s[i], *acc);
+                }
+            }
+        }
+    });
+    out
+}
+
 /// The panel type of format `F`'s activations.
 pub type PanelOf<'a, F> = <<F as Format>::Act as Activations>::Panel<'a>;
 

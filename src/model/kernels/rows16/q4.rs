@@ -31,7 +31,6 @@
 use half::f16;
 
 use super::{Format, GroupOut, Job, Q8Panel, Q8Panels, Rows16Matrix, GROUP, MINIMA};
-use crate::model::kernels::panel::PANEL;
 
 /// A 4-bit format of the interleaved-rows driver: Q4_0 without minima ([`Q4_0`]), Q4_1 with
 /// ([`Q4_1`]).
@@ -104,26 +103,20 @@ impl<const MIN: bool> Format for FourBit<MIN> {
     }
 
     fn portable(job: &Q4Job<'_>) -> GroupOut {
-        std::array::from_fn(|lane| {
-            std::array::from_fn(|r| {
-                let mut acc = 0f32;
-                for b in 0..job.nb {
-                    let src = &job.group[b * Self::GROUP_BLOCK_BYTES..][..Self::GROUP_BLOCK_BYTES];
-                    let (dw, mw) = Self::scales(src, lane);
-                    let i = b * PANEL + r;
-                    let qa = &job.a.qs[i];
-                    let mut sum = -Self::OFFSET * job.a.sums[i];
-                    for (e, &q) in qa.iter().enumerate() {
-                        sum += Self::nibble(src, lane, e) * q as i32;
-                    }
-                    acc = (dw * job.a.d[i]).mul_add(sum as f32, acc);
-                    if MIN {
-                        acc = mw.mul_add(job.a.s[i], acc);
+        super::portable_q8::<MIN>(
+            job,
+            Self::GROUP_BLOCK_BYTES,
+            Self::OFFSET,
+            |src, lane, w| {
+                for t in 0..4 {
+                    let run = &src[Self::NIBBLES + 64 * t + 4 * lane..][..4];
+                    for (j, &byte) in run.iter().enumerate() {
+                        w[4 * t + j] = (byte & 0x0F) as i8;
+                        w[16 + 4 * t + j] = (byte >> 4) as i8;
                     }
                 }
-                acc
-            })
-        })
+            },
+        )
     }
 
     #[cfg(target_arch = "x86_64")]

@@ -29,7 +29,7 @@
 
 use half::f16;
 
-use super::{Format, GroupOut, Job, Rows16Matrix, GROUP};
+use super::{decoded_blocks, dot_i8, lane_f16, Format, GroupOut, Job, Rows16Matrix, GROUP};
 use crate::model::kernels::kquant::q4k::Q4KBlock;
 use crate::model::kernels::kquant::q5k::Q5KBlock;
 use crate::model::kernels::kquant::q8k::{Q8KPanel, Q8KPanels};
@@ -167,32 +167,32 @@ impl<const HIGH: bool> Format for NibblesK<HIGH> {
     }
 
     fn portable(job: &KJob<'_>) -> GroupOut {
-        std::array::from_fn(|lane| {
-            std::array::from_fn(|r| {
-                let (mut acc, mut acc_min) = (0f32, 0f32);
-                for b in 0..job.nb {
-                    let len = Self::GROUP_BLOCK_BYTES;
-                    let src = &job.group[b * len..][..len];
-                    let d = f16::from_le_bytes([src[2 * lane], src[2 * lane + 1]]).to_f32();
-                    let dmin = f16::from_le_bytes([src[DMIN + 2 * lane], src[DMIN + 2 * lane + 1]]);
-                    let i = b * PANEL + r;
-                    let (qa, bsums) = (&job.a.qs[i], &job.a.bsums[i]);
+        let (mut acc, mut acc_min) = ([[0f32; PANEL]; GROUP], [[0f32; PANEL]; GROUP]);
+        let decode = |src: &[u8], lane: usize, w: &mut [i8; QK_K]| {
+            for (e, w) in w.iter_mut().enumerate() {
+                *w = Self::value(src, lane, e) as i8;
+            }
+        };
+        let len = Self::GROUP_BLOCK_BYTES;
+        decoded_blocks(job.group, job.nb, len, decode, |b, src, w| {
+            for r in 0..PANEL {
+                let i = b * PANEL + r;
+                let (qa, bsums, da) = (&job.a.qs[i], &job.a.bsums[i], job.a.d[i]);
+                for (lane, w) in w.iter().enumerate() {
                     let (mut sum, mut mins) = (0i32, 0i32);
                     for s in 0..SUB_BLOCKS {
-                        let dot: i32 = (32 * s..32 * s + 32)
-                            .map(|e| Self::value(src, lane, e) as i32 * qa[e] as i32)
-                            .sum();
+                        let dot = dot_i8(&w[32 * s..][..32], &qa[32 * s..][..32]);
                         sum += src[SCALES + GROUP * s + lane] as i32 * dot;
                         let bsum = bsums[2 * s] as i32 + bsums[2 * s + 1] as i32;
                         mins += src[MINS + GROUP * s + lane] as i32 * bsum;
                     }
-                    let da = job.a.d[i];
-                    acc = (d * da).mul_add(sum as f32, acc);
-                    acc_min = (dmin.to_f32() * da).mul_add(mins as f32, acc_min);
+                    let (d, dmin) = (lane_f16(src, 0, lane), lane_f16(src, DMIN, lane));
+                    acc[lane][r] = (d * da).mul_add(sum as f32, acc[lane][r]);
+                    acc_min[lane][r] = (dmin * da).mul_add(mins as f32, acc_min[lane][r]);
                 }
-                acc - acc_min
-            })
-        })
+            }
+        });
+        std::array::from_fn(|lane| std::array::from_fn(|r| acc[lane][r] - acc_min[lane][r]))
     }
 
     #[cfg(target_arch = "x86_64")]

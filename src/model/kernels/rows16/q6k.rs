@@ -27,7 +27,7 @@
 
 use half::f16;
 
-use super::{Format, GroupOut, Job, Rows16Matrix, GROUP};
+use super::{decoded_blocks, dot_i8, lane_f16, Format, GroupOut, Job, Rows16Matrix, GROUP};
 use crate::model::kernels::kquant::q6k::Q6KBlock;
 use crate::model::kernels::kquant::q8k::{Q8KPanel, Q8KPanels};
 use crate::model::kernels::kquant::{SuperBlock, QK_K};
@@ -140,26 +140,28 @@ impl Format for Q6K {
     }
 
     fn portable(job: &Q6KJob<'_>) -> GroupOut {
-        std::array::from_fn(|lane| {
-            std::array::from_fn(|r| {
-                let mut acc = 0f32;
-                for b in 0..job.nb {
-                    let src = &job.group[b * GROUP_BLOCK_BYTES..][..GROUP_BLOCK_BYTES];
-                    let d = f16::from_le_bytes([src[2 * lane], src[2 * lane + 1]]).to_f32();
+        let mut acc = [[0f32; PANEL]; GROUP];
+        // Values 0..63 less 32: signed bytes.
+        let decode = |src: &[u8], lane: usize, w: &mut [i8; QK_K]| {
+            for (e, w) in w.iter_mut().enumerate() {
+                *w = value(src, lane, e) as i8 - 32;
+            }
+        };
+        decoded_blocks(job.group, job.nb, GROUP_BLOCK_BYTES, decode, |b, src, w| {
+            for (lane, (w, acc)) in w.iter().zip(acc.iter_mut()).enumerate() {
+                let d = lane_f16(src, 0, lane);
+                for (r, acc) in acc.iter_mut().enumerate() {
                     let (qa, da) = (&job.a.qs[b * PANEL + r], job.a.d[b * PANEL + r]);
                     let mut sum = 0i32;
                     for s in 0..SUB_BLOCKS {
                         let scale = src[SCALES + 16 * s + lane] as i8 as i32;
-                        let dot: i32 = (16 * s..16 * s + 16)
-                            .map(|e| (value(src, lane, e) as i32 - 32) * qa[e] as i32)
-                            .sum();
-                        sum += scale * dot;
+                        sum += scale * dot_i8(&w[16 * s..][..16], &qa[16 * s..][..16]);
                     }
-                    acc = (d * da).mul_add(sum as f32, acc);
+                    *acc = (d * da).mul_add(sum as f32, *acc);
                 }
-                acc
-            })
-        })
+            }
+        });
+        acc
     }
 
     #[cfg(target_arch = "x86_64")]

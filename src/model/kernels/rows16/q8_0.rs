@@ -30,10 +30,7 @@
 //! register), the AVX2 path (eight), the AMX path (`tdpbssd` on the runs as stored: they are
 //! already the tile's layout) and the portable one give the same bits.
 
-use half::f16;
-
 use super::{Format, GroupOut, Job, Q8Panel, Q8Panels, Rows16Matrix, GROUP, MINIMA};
-use crate::model::kernels::panel::{BLOCK, PANEL};
 
 /// Bytes of one GGUF Q5_0 block: f16 d, 4 bytes of high bits, 16 bytes of nibbles.
 pub const Q5_0_BLOCK_BYTES: usize = 22;
@@ -104,31 +101,14 @@ fn weight<const MIN: bool>(src: &[u8], lane: usize, e: usize) -> i8 {
     src[values_at::<MIN>() + 64 * (e / 4) + 4 * lane + e % 4] as i8
 }
 
-/// Lane `lane`'s f16 at `at` (a scale or a minimum) of a group's block.
-fn half(src: &[u8], at: usize, lane: usize) -> f32 {
-    f16::from_le_bytes([src[at + 2 * lane], src[at + 2 * lane + 1]]).to_f32()
-}
+use super::lane_f16 as half;
 
-/// The definition, one output at a time: Q8_0's (and Q5_0's) and, `MIN`, Q5_1's.
+/// The definition ([`super::portable_q8`]): Q8_0's (and Q5_0's) and, `MIN`, Q5_1's.
 fn portable<const MIN: bool>(job: &Int8Job<'_>) -> GroupOut {
-    let len = block_bytes::<MIN>();
-    std::array::from_fn(|lane| {
-        std::array::from_fn(|r| {
-            let mut acc = 0f32;
-            for b in 0..job.nb {
-                let src = &job.group[b * len..][..len];
-                let i = b * PANEL + r;
-                let (qa, da) = (&job.a.qs[i], job.a.d[i]);
-                let sum: i32 = (0..BLOCK)
-                    .map(|e| weight::<MIN>(src, lane, e) as i32 * qa[e] as i32)
-                    .sum();
-                acc = (half(src, 0, lane) * da).mul_add(sum as f32, acc);
-                if MIN {
-                    acc = half(src, MINIMA, lane).mul_add(job.a.s[i], acc);
-                }
-            }
-            acc
-        })
+    super::portable_q8::<MIN>(job, block_bytes::<MIN>(), 0, |src, lane, w| {
+        for (e, w) in w.iter_mut().enumerate() {
+            *w = weight::<MIN>(src, lane, e);
+        }
     })
 }
 

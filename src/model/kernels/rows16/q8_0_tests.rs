@@ -1,7 +1,9 @@
 use super::super::tests::{check_extreme_blocks, format_tests, Case};
 use super::*;
 use crate::model::kernels::panel::tests::lcg;
+use crate::model::kernels::panel::BLOCK;
 use candle_core::quantized::GgmlDType;
+use half::f16;
 
 const SHAPES: &[(usize, usize, usize)] = &[
     (1, 1, 32),
