@@ -175,6 +175,8 @@ impl<const HIGH: bool> Format for NibblesK<HIGH> {
         };
         let len = Self::GROUP_BLOCK_BYTES;
         decoded_blocks(job.group, job.nb, len, decode, |b, src, w| {
+            let d: [f32; GROUP] = std::array::from_fn(|lane| lane_f16(src, 0, lane));
+            let dmin: [f32; GROUP] = std::array::from_fn(|lane| lane_f16(src, DMIN, lane));
             for r in 0..PANEL {
                 let i = b * PANEL + r;
                 let (qa, bsums, da) = (&job.a.qs[i], &job.a.bsums[i], job.a.d[i]);
@@ -186,9 +188,8 @@ impl<const HIGH: bool> Format for NibblesK<HIGH> {
                         let bsum = bsums[2 * s] as i32 + bsums[2 * s + 1] as i32;
                         mins += src[MINS + GROUP * s + lane] as i32 * bsum;
                     }
-                    let (d, dmin) = (lane_f16(src, 0, lane), lane_f16(src, DMIN, lane));
-                    acc[lane][r] = (d * da).mul_add(sum as f32, acc[lane][r]);
-                    acc_min[lane][r] = (dmin * da).mul_add(mins as f32, acc_min[lane][r]);
+                    acc[lane][r] = (d[lane] * da).mul_add(sum as f32, acc[lane][r]);
+                    acc_min[lane][r] = (dmin[lane] * da).mul_add(mins as f32, acc_min[lane][r]);
                 }
             }
         });

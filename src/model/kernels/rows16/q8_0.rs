@@ -30,7 +30,7 @@
 //! register), the AVX2 path (eight), the AMX path (`tdpbssd` on the runs as stored: they are
 //! already the tile's layout) and the portable one give the same bits.
 
-use super::{Format, GroupOut, Job, Q8Panel, Q8Panels, Rows16Matrix, GROUP, MINIMA};
+use super::{lane_f16, Format, GroupOut, Job, Q8Panel, Q8Panels, Rows16Matrix, GROUP, MINIMA};
 
 /// Bytes of one GGUF Q5_0 block: f16 d, 4 bytes of high bits, 16 bytes of nibbles.
 pub const Q5_0_BLOCK_BYTES: usize = 22;
@@ -101,8 +101,6 @@ fn weight<const MIN: bool>(src: &[u8], lane: usize, e: usize) -> i8 {
     src[values_at::<MIN>() + 64 * (e / 4) + 4 * lane + e % 4] as i8
 }
 
-use super::lane_f16 as half;
-
 /// The definition ([`super::portable_q8`]): Q8_0's (and Q5_0's) and, `MIN`, Q5_1's.
 fn portable<const MIN: bool>(job: &Int8Job<'_>) -> GroupOut {
     super::portable_q8::<MIN>(job, block_bytes::<MIN>(), 0, |src, lane, w| {
@@ -134,7 +132,7 @@ impl Format for Q8_0 {
     /// `d·q` per value: the same numbers as ggml's (and candle's) Q5_0 and Q8_0
     /// dequantization.
     fn dequantize(src: &[u8], lane: usize, out: &mut [f32]) {
-        let d = half(src, 0, lane);
+        let d = lane_f16(src, 0, lane);
         for (e, o) in out.iter_mut().enumerate() {
             *o = weight::<false>(src, lane, e) as f32 * d;
         }
@@ -216,7 +214,7 @@ impl Format for Q5_1 {
 
     /// `q·d + m` per value: ggml's (and candle's) Q5_1 dequantization.
     fn dequantize(src: &[u8], lane: usize, out: &mut [f32]) {
-        let (d, m) = (half(src, 0, lane), half(src, MINIMA, lane));
+        let (d, m) = (lane_f16(src, 0, lane), lane_f16(src, MINIMA, lane));
         for (e, o) in out.iter_mut().enumerate() {
             *o = weight::<true>(src, lane, e) as f32 * d + m;
         }
