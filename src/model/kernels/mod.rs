@@ -333,19 +333,19 @@ pub(crate) mod avx512 {
     use super::panel::PANEL;
     use std::arch::x86_64::*;
 
-    /// The outputs `[weight row][panel row]` of an interleaved-rows kernel (Q4_0, Q8_0/Q5_0,
+    /// The outputs `[panel row][weight row]` of an interleaved-rows kernel (Q4_0, Q8_0/Q5_0,
     /// Q4_K, Q6_K) from its accumulators, one register per panel row and one lane per weight
-    /// row of the group of sixteen.
+    /// row of the group of sixteen: a store per register.
     ///
     /// # Safety
     /// The CPU must support AVX-512F.
     #[target_feature(enable = "avx512f")]
-    pub(crate) unsafe fn lanes_to_outputs(acc: &[__m512; PANEL]) -> [[f32; PANEL]; 16] {
+    pub(crate) unsafe fn lanes_to_outputs(acc: &[__m512; PANEL]) -> [[f32; 16]; PANEL] {
         let mut rows = [[0f32; 16]; PANEL];
         for (row, acc) in rows.iter_mut().zip(acc) {
             _mm512_storeu_ps(row.as_mut_ptr(), *acc);
         }
-        std::array::from_fn(|lane| std::array::from_fn(|r| rows[r][lane]))
+        rows
     }
 }
 

@@ -12,6 +12,8 @@
 //! activation row, in a fixed order; which panel a row lands in, the zero rows padding the last
 //! panel, the cache blocking and the split across threads never change a value.
 
+use std::mem::MaybeUninit;
+
 use half::f16;
 use rayon::prelude::*;
 
@@ -19,6 +21,7 @@ use rayon::prelude::*;
 pub const BLOCK: usize = 32;
 /// Activation rows per panel: one micro-kernel call yields this many outputs.
 pub const PANEL: usize = 8;
+const _: () = assert!(PANEL <= 8, "OutRows::written holds one bit per panel row");
 /// Weight rows per cache block: their blocks stay in L2 while every panel of a task passes.
 const ROWS_PER_CACHE_BLOCK: usize = 128;
 
@@ -149,14 +152,58 @@ pub(crate) fn block_sums(a: &Panels, m: usize) -> Vec<i32> {
     sums
 }
 
-/// The `[m, n]` outputs of any panel format: `kernel(p, j, out)` writes the outputs of weight
-/// rows `j .. j + out.len()` (at most `group` of them) for the [`PANEL`] activation rows of
-/// panel `p` (outputs of rows past `m` are ignored).
+/// Where a job's outputs go: the `width` columns from weight row `j` of the `live` output
+/// rows of one panel (rows past `m` and columns past `n` do not exist and are not written).
+pub struct OutRows<'a> {
+    out: &'a mut [MaybeUninit<f32>],
+    /// Index in `out` of the first row's first column.
+    at: usize,
+    n: usize,
+    live: usize,
+    width: usize,
+    /// Bit `r` set once row `r` is written: the driver checks every live row was, so that no
+    /// uninitialised output is ever read, whatever a kernel does.
+    written: u8,
+}
+
+impl OutRows<'_> {
+    /// Output rows of this panel that exist (≤ [`PANEL`]).
+    pub fn live(&self) -> usize {
+        self.live
+    }
+
+    /// Weight rows of this job that exist (≤ the driver's `group`).
+    pub fn width(&self) -> usize {
+        self.width
+    }
+
+    /// Row `r`'s outputs: the first [`Self::width`] of `values`.
+    pub fn set_row<const W: usize>(&mut self, r: usize, values: &[f32; W]) {
+        assert!(r < self.live, "panel row {r} of {}", self.live);
+        assert!(self.width <= W, "{} outputs from {W} values", self.width);
+        let row = &mut self.out[self.at + r * self.n..][..self.width];
+        // A whole group is a fixed-size copy the compiler inlines (a `memcpy` call per row
+        // was 3% of a SmolLM2 run).
+        match <&mut [MaybeUninit<f32>; W]>::try_from(&mut *row) {
+            Ok(full) => *full = values.map(MaybeUninit::new),
+            Err(_) => {
+                for (o, &v) in row.iter_mut().zip(values) {
+                    o.write(v);
+                }
+            }
+        }
+        self.written |= 1 << r;
+    }
+}
+
+/// The `[m, n]` outputs of any panel format: `kernel(p, j, out)` writes, through
+/// [`OutRows::set_row`], every live row's outputs of weight rows `j .. j + out.width()` (at
+/// most `group` of them) for the [`PANEL`] activation rows of panel `p`.
 pub fn drive(
     m: usize,
     n: usize,
     group: usize,
-    kernel: impl Fn(usize, usize, &mut [[f32; PANEL]]) + Sync,
+    kernel: impl Fn(usize, usize, &mut OutRows<'_>) + Sync,
 ) -> Vec<f32> {
     if m == 0 || n == 0 {
         return vec![0f32; m * n];
@@ -175,25 +222,27 @@ pub fn drive(
         .enumerate()
         .for_each(|(t, out)| {
             let rows = out.len() / n;
-            let mut res = vec![[0f32; PANEL]; group];
             for j0 in (0..n).step_by(ROWS_PER_CACHE_BLOCK) {
                 let js = j0..(j0 + ROWS_PER_CACHE_BLOCK).min(n);
                 for p in 0..rows.div_ceil(PANEL) {
-                    let live = PANEL.min(rows - p * PANEL);
                     for j in js.clone().step_by(group) {
-                        let res = &mut res[..group.min(js.end - j)];
-                        kernel(t * per_task + p, j, res);
-                        for r in 0..live {
-                            let row = &mut out[(p * PANEL + r) * n + j..][..res.len()];
-                            for (o, res) in row.iter_mut().zip(res.iter()) {
-                                o.write(res[r]);
-                            }
-                        }
+                        let mut rows = OutRows {
+                            at: p * PANEL * n + j,
+                            n,
+                            live: PANEL.min(rows - p * PANEL),
+                            width: group.min(js.end - j),
+                            out: &mut *out,
+                            written: 0,
+                        };
+                        kernel(t * per_task + p, j, &mut rows);
+                        let all = (1u16 << rows.live) - 1;
+                        assert_eq!(rows.written as u16, all, "a kernel left output rows out");
                     }
                 }
             }
         });
-    // SAFETY: the loops above wrote all `m · n` values.
+    // SAFETY: all `m · n` values were written: every (panel, group) job's live rows, each
+    // `width` wide (asserted after each job), and the jobs tile the output.
     unsafe { out.set_len(m * n) };
     out
 }

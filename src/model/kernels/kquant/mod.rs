@@ -102,8 +102,14 @@ impl<B: SuperBlock> KQuantMatrix<B> {
         let a = Q8KPanels::quantize(x, m, self.k);
         let nb = self.k / QK_K;
         panel::drive(m, self.n, GROUP, |p, j, out| {
-            let blocks = &self.blocks[j * nb..(j + out.len()) * nb];
-            B::panel_rows(blocks, nb, a.panel(p), out, isa)
+            let mut res = [[0f32; PANEL]; GROUP];
+            let res = &mut res[..out.width()];
+            let blocks = &self.blocks[j * nb..(j + res.len()) * nb];
+            B::panel_rows(blocks, nb, a.panel(p), res, isa);
+            for r in 0..out.live() {
+                let row: [f32; GROUP] = std::array::from_fn(|c| res.get(c).map_or(0.0, |c| c[r]));
+                out.set_row(r, &row);
+            }
         })
     }
 

@@ -43,8 +43,10 @@ use super::{Isa, OwnMatrix};
 /// 32-bit column of a 64-byte tile row.
 pub const GROUP: usize = 16;
 
-/// The outputs of one job: `[weight row of the group][panel row]`.
-pub type GroupOut = [[f32; PANEL]; GROUP];
+/// The outputs of one job: `[panel row][weight row of the group]`, the layout of the
+/// kernels' accumulators (one 512-bit register per panel row) and of the output rows, so
+/// that neither the kernels nor the driver transpose (they did: 6% of a SmolLM2 Q4_1 run).
+pub type GroupOut = [[f32; GROUP]; PANEL];
 
 /// Activations quantized for a format's kernels, in panels of [`PANEL`] rows.
 pub trait Activations: Sync + Sized {
@@ -214,16 +216,17 @@ pub(crate) fn portable_q8<const MIN: bool>(
     offset: i32,
     decode: impl Fn(&[u8], usize, &mut [i8; BLOCK]),
 ) -> GroupOut {
-    let mut out = [[0f32; PANEL]; GROUP];
+    let mut out = [[0f32; GROUP]; PANEL];
     decoded_blocks(job.group, job.nb, block_bytes, decode, |b, src, w| {
-        for (lane, (w, out)) in w.iter().zip(out.iter_mut()).enumerate() {
+        for (lane, w) in w.iter().enumerate() {
             let dw = lane_f16(src, 0, lane);
             let mw = if MIN {
                 lane_f16(src, MINIMA, lane)
             } else {
                 0.0
             };
-            for (r, acc) in out.iter_mut().enumerate() {
+            for (r, out) in out.iter_mut().enumerate() {
+                let acc = &mut out[lane];
                 let i = b * PANEL + r;
                 let sum = dot_i8(w, &job.a.qs[i]) - offset * job.a.sums[i];
                 *acc = (dw * job.a.d[i]).mul_add(sum as f32, *acc);
@@ -350,7 +353,7 @@ impl<F: Format> Rows16Matrix<F> {
     /// [`Self::matmul`] at level `isa` (capped to this process's): every level gives the same
     /// bits.
     pub fn matmul_at(&self, x: &[f32], m: usize, isa: Isa) -> Vec<f32> {
-        self.matmul_with(x, m, |job| group_at::<F>(job, isa))
+        self.matmul_with(x, m, kernel_at::<F>(isa))
     }
 
     /// [`Self::matmul`] with `kernel` computing each job (the tests' emulated tiles).
@@ -364,19 +367,28 @@ impl<F: Format> Rows16Matrix<F> {
         assert_eq!(x.len(), m * k, "activation shape");
         let a = F::Act::quantize(x, m, k);
         let nb = k / F::Act::BLOCK;
+        // Each panel's view once (with its length check), not once per job.
+        let panels: Vec<PanelOf<'_, F>> = (0..m.div_ceil(PANEL))
+            .map(|p| {
+                let a = a.panel(p);
+                assert!(F::Act::holds(&a, nb), "{} activation panel size", F::NAME);
+                a
+            })
+            .collect();
         panel::drive(m, n, GROUP, |p, j, out| {
             let job = Job {
                 group: self.group(j / GROUP),
                 nb,
-                a: a.panel(p),
+                a: panels[p],
             };
             assert!(
-                job.group.len() == nb * F::GROUP_BLOCK_BYTES && F::Act::holds(&job.a, nb),
+                job.group.len() == nb * F::GROUP_BLOCK_BYTES,
                 "{} job sizes",
                 F::NAME
             );
-            let all = kernel(&job);
-            out.copy_from_slice(&all[..out.len()]);
+            for (r, row) in kernel(&job).iter().enumerate().take(out.live()) {
+                out.set_row(r, row);
+            }
         })
     }
 
@@ -397,32 +409,34 @@ impl<F: Format> Rows16Matrix<F> {
     }
 }
 
-/// The outputs of a job at level `isa`, lowered to this process's level. The caller checked
-/// the job's lengths ([`Rows16Matrix::matmul_with`]).
-fn group_at<F: Format>(job: &Job<'_, PanelOf<'_, F>>, isa: Isa) -> GroupOut {
+/// A job's kernel.
+type Kernel<F> = fn(&Job<'_, PanelOf<'_, F>>) -> GroupOut;
+
+/// Format `F`'s kernel at level `isa`, lowered to this process's level: chosen once per
+/// matmul, not per job (a job is small: 18 blocks of 32 values for SmolLM2's rows).
+fn kernel_at<F: Format>(isa: Isa) -> Kernel<F> {
     #[cfg(target_arch = "x86_64")]
     {
         let isa = isa.min(super::isa());
-        // SAFETY: `isa` is at most the process's level, whose instructions were seen to
-        // execute (and, for `Amx`, the tile-data permission granted and the tile instructions
-        // checked against their definition at start-up: `tiles::Hardware`); each level
-        // includes the ones below it. The lengths were checked by the caller.
-        unsafe {
-            if isa >= Isa::Amx {
-                if let Some(out) = F::amx(&mut tiles::Hardware, job) {
-                    return out;
-                }
-            }
-            if isa >= Isa::Avx512 {
-                return F::avx512(job);
-            }
-            if isa >= Isa::Avx2 {
-                return F::avx2(job);
-            }
+        // SAFETY (every closure): this function returns a closure of a level only when `isa`
+        // is at most the process's level, whose instructions were seen to execute (and, for
+        // `Amx`, the tile-data permission granted and the tile instructions checked against
+        // their definition at start-up: `tiles::Hardware`); each level includes the ones
+        // below it. The jobs' lengths are checked by the caller (`Rows16Matrix::matmul_with`).
+        if isa >= Isa::Amx {
+            return |job| unsafe {
+                F::amx(&mut tiles::Hardware, job).unwrap_or_else(|| F::avx512(job))
+            };
+        }
+        if isa >= Isa::Avx512 {
+            return |job| unsafe { F::avx512(job) };
+        }
+        if isa >= Isa::Avx2 {
+            return |job| unsafe { F::avx2(job) };
         }
     }
     let _ = isa;
-    F::portable(job)
+    F::portable
 }
 
 impl<F: Format> OwnMatrix for Rows16Matrix<F> {

@@ -167,7 +167,7 @@ impl<const HIGH: bool> Format for NibblesK<HIGH> {
     }
 
     fn portable(job: &KJob<'_>) -> GroupOut {
-        let (mut acc, mut acc_min) = ([[0f32; PANEL]; GROUP], [[0f32; PANEL]; GROUP]);
+        let (mut acc, mut acc_min) = ([[0f32; GROUP]; PANEL], [[0f32; GROUP]; PANEL]);
         let decode = |src: &[u8], lane: usize, w: &mut [i8; QK_K]| {
             for (e, w) in w.iter_mut().enumerate() {
                 *w = Self::value(src, lane, e) as i8;
@@ -188,12 +188,12 @@ impl<const HIGH: bool> Format for NibblesK<HIGH> {
                         let bsum = bsums[2 * s] as i32 + bsums[2 * s + 1] as i32;
                         mins += src[MINS + GROUP * s + lane] as i32 * bsum;
                     }
-                    acc[lane][r] = (d[lane] * da).mul_add(sum as f32, acc[lane][r]);
-                    acc_min[lane][r] = (dmin[lane] * da).mul_add(mins as f32, acc_min[lane][r]);
+                    acc[r][lane] = (d[lane] * da).mul_add(sum as f32, acc[r][lane]);
+                    acc_min[r][lane] = (dmin[lane] * da).mul_add(mins as f32, acc_min[r][lane]);
                 }
             }
         });
-        std::array::from_fn(|lane| std::array::from_fn(|r| acc[lane][r] - acc_min[lane][r]))
+        std::array::from_fn(|r| std::array::from_fn(|lane| acc[r][lane] - acc_min[r][lane]))
     }
 
     #[cfg(target_arch = "x86_64")]

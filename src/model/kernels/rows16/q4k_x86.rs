@@ -179,7 +179,7 @@ unsafe fn outputs((acc, acc_min): &Accumulators) -> GroupOut {
 pub(super) unsafe fn group_avx2<const HIGH: bool>(job: &KJob<'_>) -> GroupOut {
     const ROWS: usize = 4;
     let ones = _mm256_set1_epi16(1);
-    let mut out = [[0f32; PANEL]; GROUP];
+    let mut out = [[0f32; GROUP]; PANEL];
     for half in 0..2 {
         for r0 in (0..PANEL).step_by(ROWS) {
             let mut acc = [_mm256_setzero_ps(); ROWS];

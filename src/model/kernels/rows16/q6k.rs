@@ -140,7 +140,7 @@ impl Format for Q6K {
     }
 
     fn portable(job: &Q6KJob<'_>) -> GroupOut {
-        let mut acc = [[0f32; PANEL]; GROUP];
+        let mut acc = [[0f32; GROUP]; PANEL];
         // Values 0..63 less 32: signed bytes.
         let decode = |src: &[u8], lane: usize, w: &mut [i8; QK_K]| {
             for (e, w) in w.iter_mut().enumerate() {
@@ -148,9 +148,10 @@ impl Format for Q6K {
             }
         };
         decoded_blocks(job.group, job.nb, GROUP_BLOCK_BYTES, decode, |b, src, w| {
-            for (lane, (w, acc)) in w.iter().zip(acc.iter_mut()).enumerate() {
+            for (lane, w) in w.iter().enumerate() {
                 let d = lane_f16(src, 0, lane);
                 for (r, acc) in acc.iter_mut().enumerate() {
+                    let acc = &mut acc[lane];
                     let (qa, da) = (&job.a.qs[b * PANEL + r], job.a.d[b * PANEL + r]);
                     let mut sum = 0i32;
                     for s in 0..SUB_BLOCKS {

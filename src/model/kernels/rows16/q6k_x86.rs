@@ -101,7 +101,7 @@ pub(super) unsafe fn group_avx2(job: &Q6KJob<'_>) -> GroupOut {
     let low = _mm256_set1_epi8(0x0F);
     let top = _mm256_set1_epi8(0x30);
     let ones = _mm256_set1_epi16(1);
-    let mut out = [[0f32; PANEL]; GROUP];
+    let mut out = [[0f32; GROUP]; PANEL];
     for half in 0..2 {
         for r0 in (0..PANEL).step_by(ROWS) {
             let mut acc = [_mm256_setzero_ps(); ROWS];

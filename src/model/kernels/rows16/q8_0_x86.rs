@@ -61,7 +61,7 @@ pub(super) unsafe fn group_avx512<const MIN: bool>(job: &Int8Job<'_>) -> GroupOu
 pub(super) unsafe fn group_avx2<const MIN: bool>(job: &Int8Job<'_>) -> GroupOut {
     const ROWS: usize = 4;
     let ones = _mm256_set1_epi16(1);
-    let mut out = [[0f32; PANEL]; GROUP];
+    let mut out = [[0f32; GROUP]; PANEL];
     for half in 0..2 {
         for r0 in (0..PANEL).step_by(ROWS) {
             let mut acc = [_mm256_setzero_ps(); ROWS];

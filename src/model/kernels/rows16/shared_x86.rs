@@ -92,10 +92,6 @@ pub(crate) unsafe fn scales_avx2<const MIN: bool>(src: *const u8, half: usize) -
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn store_half(out: &mut GroupOut, half: usize, r0: usize, acc: &[__m256]) {
     for (dr, acc) in acc.iter().enumerate() {
-        let mut lanes = [0f32; 8];
-        _mm256_storeu_ps(lanes.as_mut_ptr(), *acc);
-        for (l, v) in lanes.iter().enumerate() {
-            out[8 * half + l][r0 + dr] = *v;
-        }
+        _mm256_storeu_ps(out[r0 + dr][8 * half..][..8].as_mut_ptr(), *acc);
     }
 }
