@@ -95,7 +95,7 @@ fn local_checks(args: &ValidateArgs, list: &mut Checklist) {
             } else {
                 features.join(" ")
             },
-            kernels.summary()
+            crate::model::kernels::kernels_summary()
         ),
     );
     let resolved = match args.eval.resolve() {

@@ -352,7 +352,8 @@ pub struct KernelIsa {
     pub cap: Option<String>,
     /// False when an advertised, uncapped level trapped (or failed) in the probe.
     pub executes: bool,
-    /// E.g. `avx512 (advertised: avx512, executes)`.
+    /// E.g. `avx512 (advertised: avx512, executes)`; at `amx`, where BF16 is multiplied
+    /// (`; BF16 on the tiles` or `; BF16 on vdpbf16ps`).
     pub summary: String,
 }
 
@@ -365,7 +366,7 @@ impl KernelIsa {
             advertised: c.advertised.name().to_string(),
             cap: c.cap.map(|l| l.name().to_string()),
             executes: !c.failed_to_execute(),
-            summary: c.summary(),
+            summary: crate::model::kernels::kernels_summary(),
         }
     }
 }

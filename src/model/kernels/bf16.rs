@@ -68,6 +68,10 @@ pub struct Bf16Matrix {
     n: usize,
     k: usize,
     bits: Bits,
+    /// The same weights in the tile layout, where the BF16 kernel multiplies on the tile
+    /// unit ([`super::bf16_tiles`]); the row-major `bits` then serve only the lower levels
+    /// (tests), and their mapped pages are not kept resident.
+    tiles: Option<tiles::TileWeights>,
 }
 
 /// Where the weights lie: in the model file's map, used in place (the file's bytes needed no
@@ -106,10 +110,12 @@ impl Bf16Matrix {
                     *d = flush_below(u16::from_le_bytes([s[0], s[1]]), WEIGHT_MIN_EXP);
                 }
             });
+        let tiles = super::bf16_tiles().then(|| tiles::TileWeights::new(&bits, n, k));
         Some(Self {
             n,
             k,
             bits: Bits::Owned(bits),
+            tiles,
         })
     }
 
@@ -130,29 +136,49 @@ impl Bf16Matrix {
         if needs_flush {
             return Self::from_bytes(mapped.bytes(), n, k);
         }
+        if super::bf16_tiles() {
+            // The tile layout is a copy: the map is not kept resident (the loader drops its
+            // pages; a lower level reading them faults them back in).
+            return Some(Self {
+                n,
+                k,
+                tiles: Some(tiles::TileWeights::new(values, n, k)),
+                bits: Bits::Mapped(mapped.clone()),
+            });
+        }
         Some(Self {
             n,
             k,
             bits: Bits::Mapped(mapped.keep()),
+            tiles: None,
         })
     }
 
     /// Whether the weights are used where they lie in the model file's map.
     pub fn is_in_place(&self) -> bool {
-        matches!(self.bits, Bits::Mapped(_))
+        matches!(self.bits, Bits::Mapped(_)) && self.tiles.is_none()
     }
 
     pub fn shape(&self) -> (usize, usize) {
         (self.n, self.k)
     }
 
-    /// Bytes held: two per weight.
+    /// Bytes held: two per weight (the tile layout's, where it is used).
     pub fn storage_bytes(&self) -> usize {
-        self.bits.get().len() * 2
+        match &self.tiles {
+            Some(t) => t.storage_bytes(),
+            None => self.bits.get().len() * 2,
+        }
     }
 
     /// Row `j` widened to f32: ggml's dequantization (of the weights as held).
     pub fn dequantize_row(&self, j: usize, out: &mut [f32]) {
+        if let Some(t) = &self.tiles {
+            for (e, o) in out[..self.k].iter_mut().enumerate() {
+                *o = widen(t.value(j, e));
+            }
+            return;
+        }
         for (o, &b) in out
             .iter_mut()
             .zip(&self.bits.get()[j * self.k..(j + 1) * self.k])
@@ -170,6 +196,12 @@ impl Bf16Matrix {
     /// [`Self::matmul`] at a given level (capped to what this CPU runs): every level gives the
     /// same bits.
     pub fn matmul_at(&self, x: &[f32], m: usize, isa: Isa) -> Vec<f32> {
+        #[cfg(target_arch = "x86_64")]
+        if let (Some(t), true) = (&self.tiles, isa >= Isa::Amx) {
+            // `tiles` exist only where `bf16_tiles()` said the tile unit computes as its
+            // definition does, which it checked after the process was granted the tile data.
+            return tiles::matmul(t, x, m, || crate::model::kernels::rows16::tiles::Hardware);
+        }
         let isa = isa.min(cpu_level());
         assert_eq!(x.len(), m * self.k, "activation shape");
         let a = Panels::pack(x, m, self.k, isa);
@@ -418,6 +450,9 @@ fn round_chunk(src: &[f32], dst: &mut [u16], isa: Isa) {
 #[cfg(target_arch = "x86_64")]
 #[path = "bf16_x86.rs"]
 mod x86;
+
+#[path = "bf16_tiles.rs"]
+mod tiles;
 
 #[cfg(test)]
 #[path = "bf16_tests.rs"]

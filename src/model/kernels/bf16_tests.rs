@@ -67,11 +67,17 @@ const SHAPES: [(usize, usize, usize); 11] = [
     (131, 100, 1043),
 ];
 
+/// The levels this CPU runs the BF16 kernel at: the tile unit's too where this process
+/// multiplies BF16 on it (its matrices then hold the tile layout).
 fn levels() -> Vec<Isa> {
-    [Isa::Portable, Isa::Avx2, Isa::Avx512, Isa::Avx512Bf16]
+    let mut levels: Vec<Isa> = [Isa::Portable, Isa::Avx2, Isa::Avx512, Isa::Avx512Bf16]
         .into_iter()
         .filter(|&l| l <= cpu_level())
-        .collect()
+        .collect();
+    if super::super::bf16_tiles() {
+        levels.push(Isa::Amx);
+    }
+    levels
 }
 
 fn same_bits(a: &[f32], b: &[f32]) -> bool {

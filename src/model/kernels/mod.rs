@@ -152,7 +152,8 @@ pub enum Isa {
     Avx512Bf16,
     /// AMX tiles (AMX-TILE and AMX-INT8, Sapphire Rapids and later) on top of
     /// [`Isa::Avx512Bf16`]: the interleaved-rows kernels ([`rows16`]) multiply on the tile
-    /// unit (`tdpbssd`/`tdpbsud`); every other kernel runs its AVX-512 path.
+    /// unit (`tdpbssd`/`tdpbsud`), and the BF16 kernel too (`tdpbf16ps`) where AMX-BF16
+    /// passes its start-up check ([`bf16_tiles`]); every other kernel runs its AVX-512 path.
     Amx,
 }
 
@@ -325,6 +326,62 @@ pub fn isa_choice() -> IsaChoice {
 /// The level our kernels run at (see [`isa_choice`]).
 pub fn isa() -> Isa {
     isa_choice().used
+}
+
+/// Whether the BF16 kernel multiplies on the tile unit (`tdpbf16ps`): the process uses
+/// [`Isa::Amx`], CPUID advertises AMX-BF16, a probe child ran the instruction cleanly and the
+/// tile unit computes [`rows16::tiles::bf16_known_answer_program`] as the instruction's
+/// definition does — which is the order the other levels' BF16 kernels follow, so the answer
+/// is the same bits; where the hardware differs, the BF16 kernel stays on `vdpbf16ps` (with a
+/// warning) and the bits are still the same. Decided once.
+pub fn bf16_tiles() -> bool {
+    use std::sync::OnceLock;
+    static USE: OnceLock<bool> = OnceLock::new();
+    *USE.get_or_init(|| {
+        if isa() < Isa::Amx {
+            return false;
+        }
+        #[cfg(all(target_arch = "x86_64", unix))]
+        {
+            if !amx_bf16_advertised() {
+                return false;
+            }
+            if !probe::bf16_tiles_execute() {
+                tracing::warn!("AMX-BF16 is advertised but tdpbf16ps did not run cleanly in the probe process; BF16 weights use vdpbf16ps");
+                return false;
+            }
+            let same = rows16::tiles::hardware_bf16_matches_definition();
+            if !same {
+                tracing::warn!("this CPU's tdpbf16ps does not compute the known-answer program as the instruction's definition does; BF16 weights use vdpbf16ps");
+            }
+            same
+        }
+        #[cfg(not(all(target_arch = "x86_64", unix)))]
+        false
+    })
+}
+
+/// [`IsaChoice::summary`] of this process, and at the AMX level where BF16 weights are
+/// multiplied (on the tiles, or with `vdpbf16ps` where the tile unit's BF16 did not pass the
+/// start-up check): the line `ppl validate` prints and results.json records.
+pub fn kernels_summary() -> String {
+    let choice = isa_choice();
+    let mut s = choice.summary();
+    if choice.used >= Isa::Amx {
+        s += if bf16_tiles() {
+            "; BF16 on the tiles"
+        } else {
+            "; BF16 on vdpbf16ps"
+        };
+    }
+    s
+}
+
+/// CPUID leaf 7: AMX-BF16 (EDX bit 22).
+#[cfg(target_arch = "x86_64")]
+fn amx_bf16_advertised() -> bool {
+    use std::arch::x86_64::__cpuid_count;
+    __cpuid_count(0, 0).eax >= 7 && __cpuid_count(7, 0).edx & (1 << 22) != 0
 }
 
 /// Helpers of the AVX-512 micro-kernels.
@@ -524,6 +581,16 @@ mod probe {
         }
     }
 
+    /// Whether `tdpbf16ps` ran in a probe child (the tile-data permission is already held:
+    /// the process uses AMX).
+    #[cfg(all(target_arch = "x86_64", unix))]
+    pub(super) fn bf16_tiles_execute() -> bool {
+        // SAFETY: runs only in the probe's child, where a CPU without AMX-BF16 ends the
+        // child with SIGILL, the outcome being tested.
+        let child: fn() -> bool = || unsafe { x86::request_tile_data() && x86::amx_bf16_works() };
+        run_child(child, std::time::Duration::from_secs(2)) == Verdict::Clean
+    }
+
     /// Without `fork`, CPUID is trusted.
     #[cfg(not(all(target_arch = "x86_64", unix)))]
     pub(super) fn executes(_level: Isa) -> bool {
@@ -616,6 +683,38 @@ mod probe {
             t.store(1, su.as_mut_ptr(), 4);
             t.release();
             i32::from_le_bytes(black_box(ss)) == 11 && i32::from_le_bytes(black_box(su)) == -245
+        }
+
+        /// A `tdpbf16ps` on stack data, checked (no allocation: this runs in the probe's
+        /// child): the pair (1.0, 1.5) of A times the pair (3.0, 2.0) of B onto 0.5 is 6.5.
+        ///
+        /// # Safety
+        /// The tile-data permission must be held; a CPU without AMX-BF16 raises SIGILL.
+        pub(super) unsafe fn amx_bf16_works() -> bool {
+            use crate::model::kernels::rows16::tiles::{Hardware, TileConfig, Tiles};
+            let cfg = TileConfig::new([
+                (1, 4),
+                (0, 0),
+                (0, 0),
+                (0, 0),
+                (1, 4),
+                (0, 0),
+                (1, 4),
+                (0, 0),
+            ]);
+            // Per 32-bit word: the even BF16 value in the low half, the odd one in the high.
+            let a = 0x3fc0_3f80u32.to_le_bytes(); // 1.0, 1.5
+            let b = 0x4000_4040u32.to_le_bytes(); // 3.0, 2.0
+            let mut c = 0.5f32.to_le_bytes();
+            let mut t = Hardware;
+            t.configure(&cfg);
+            t.load(0, black_box(c.as_ptr()), 4);
+            t.load(4, black_box(a.as_ptr()), 4);
+            t.load(6, black_box(b.as_ptr()), 4);
+            t.dp_bf16(0, 4, 6);
+            t.store(0, c.as_mut_ptr(), 4);
+            t.release();
+            f32::from_le_bytes(black_box(c)) == 6.5
         }
 
         /// A zmm `vdpbf16ps`, checked: 1.5·2 + 1.0·3 added to 0.5 in every lane.

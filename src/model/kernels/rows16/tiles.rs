@@ -82,6 +82,14 @@ pub trait Tiles {
     /// # Safety
     /// See the trait's.
     unsafe fn dp_su(&mut self, c: u8, a: u8, b: u8);
+    /// `tdpbf16ps`: per 32-bit pair `k` of `A`'s row `m` and `B`'s row `k`, `C[m][n] +=
+    /// A[m].bf16[2k]·B[k].bf16[2n]`, then `+= A[m].bf16[2k+1]·B[k].bf16[2n+1]`, each an f32
+    /// fused multiply-add rounded to nearest even, denormal inputs read as zero and denormal
+    /// results flushed to zero (AMX-BF16).
+    ///
+    /// # Safety
+    /// See the trait's; the CPU must also have AMX-BF16.
+    unsafe fn dp_bf16(&mut self, c: u8, a: u8, b: u8);
     /// `tilerelease`.
     ///
     /// # Safety
@@ -185,6 +193,11 @@ mod hardware {
         }
 
         #[inline(always)]
+        unsafe fn dp_bf16(&mut self, c: u8, a: u8, b: u8) {
+            dot!("tdpbf16ps", c, a, b);
+        }
+
+        #[inline(always)]
         unsafe fn release(&mut self) {
             asm!("tilerelease", options(nostack, nomem));
         }
@@ -221,12 +234,63 @@ impl Emulated {
         (rows, colsb)
     }
 
-    fn dot(&mut self, (c, a, b): (u8, u8, u8), a_signed: bool, b_signed: bool) {
+    /// The shapes of a dot product's tiles, `(C rows, C bytes per row, A bytes per row)`,
+    /// checked as the CPU checks them.
+    fn dot_shapes(&self, (c, a, b): (u8, u8, u8)) -> (usize, usize, usize) {
         let ((rc, cc), (ra, ca), (rb, cb)) = (self.shape(c), self.shape(a), self.shape(b));
         assert!(
             cc == cb && rc == ra && ca / 4 == rb && ca % 4 == 0 && cc % 4 == 0,
             "tile shapes C {rc}×{cc}, A {ra}×{ca}, B {rb}×{cb} do not fit (#UD)"
         );
+        (rc, cc, ca)
+    }
+
+    /// The rows past `rows` and the bytes past `colsb` of each row of tile `t`, zeroed (as
+    /// every instruction that writes a tile leaves them).
+    fn zero_outside(&mut self, t: u8, rows: usize, colsb: usize) {
+        let tile = &mut self.data[t as usize];
+        for m in 0..rows {
+            tile[64 * m + colsb..64 * (m + 1)].fill(0);
+        }
+        tile[64 * rows..].fill(0);
+    }
+
+    fn dot_bf16(&mut self, (c, a, b): (u8, u8, u8)) {
+        let (rc, cc, ca) = self.dot_shapes((c, a, b));
+        // Denormals read as zero and results flushed to zero, signs kept.
+        let flush = |x: f32| {
+            if x.is_subnormal() {
+                0f32.copysign(x)
+            } else {
+                x
+            }
+        };
+        let bf16 = |t: &[u8; 1024], at: usize| {
+            flush(f32::from_bits(
+                (u16::from_le_bytes([t[at], t[at + 1]]) as u32) << 16,
+            ))
+        };
+        let (ta, tb) = (self.data[a as usize], self.data[b as usize]);
+        let tc = &mut self.data[c as usize];
+        for m in 0..rc {
+            for n in 0..cc / 4 {
+                let at = 64 * m + 4 * n;
+                let mut acc = f32::from_le_bytes(tc[at..at + 4].try_into().unwrap());
+                for k in 0..ca / 4 {
+                    for i in 0..2 {
+                        let x = bf16(&ta, 64 * m + 4 * k + 2 * i);
+                        let y = bf16(&tb, 64 * k + 4 * n + 2 * i);
+                        acc = flush(x.mul_add(y, flush(acc)));
+                    }
+                }
+                tc[at..at + 4].copy_from_slice(&acc.to_le_bytes());
+            }
+        }
+        self.zero_outside(c, rc, cc);
+    }
+
+    fn dot(&mut self, (c, a, b): (u8, u8, u8), a_signed: bool, b_signed: bool) {
+        let (rc, cc, ca) = self.dot_shapes((c, a, b));
         let byte = |v: u8, signed: bool| if signed { v as i8 as i32 } else { v as i32 };
         let (ta, tb) = (self.data[a as usize], self.data[b as usize]);
         let tc = &mut self.data[c as usize];
@@ -243,12 +307,8 @@ impl Emulated {
                 }
                 tc[at..at + 4].copy_from_slice(&acc.to_le_bytes());
             }
-            // The rest of the row is zeroed.
-            tc[64 * m + cc..64 * (m + 1)].fill(0);
         }
-        for row in rc..16 {
-            tc[64 * row..64 * (row + 1)].fill(0);
-        }
+        self.zero_outside(c, rc, cc);
     }
 }
 
@@ -287,6 +347,10 @@ impl Tiles for Emulated {
 
     unsafe fn dp_su(&mut self, c: u8, a: u8, b: u8) {
         self.dot((c, a, b), true, false);
+    }
+
+    unsafe fn dp_bf16(&mut self, c: u8, a: u8, b: u8) {
+        self.dot_bf16((c, a, b));
     }
 
     unsafe fn release(&mut self) {
@@ -349,6 +413,83 @@ pub fn known_answer_program<T: Tiles>(tiles: &mut T) -> Vec<u8> {
         out.extend_from_slice(&stored);
     }
     out
+}
+
+/// [`known_answer_program`] for `tdpbf16ps`: every shape the BF16 kernel configures (8 rows
+/// by K = 16 pairs, and a remainder of 3 pairs; 16 rows), accumulation onto loaded and zeroed
+/// tiles, values of both signs over forty binades, and one pair whose result tells the order of
+/// the two products and the rounding after each: onto 1.0, the even product
+/// `(1 + 2⁻⁷)·2⁻²⁴` then the odd `−2⁻²³` gives 1.0, the other order (or one rounding of
+/// both) `1 − 2⁻²⁴`.
+pub fn bf16_known_answer_program<T: Tiles>(tiles: &mut T) -> Vec<u8> {
+    const SHAPES: [(u8, u16, u8); 3] = [(8, 64, 16), (8, 12, 3), (16, 64, 16)];
+    let mut seed = 0x2545_F491_4F6C_DD1Du64;
+    let mut next = || {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        // Sign, a biased exponent in 127 ± 20, seven random mantissa bits.
+        let (sign, exp, man) = ((seed >> 63) as u16, (seed >> 40) % 41, (seed >> 20) as u16);
+        (sign << 15) | ((107 + exp as u16) << 7) | (man & 0x7F)
+    };
+    let words = |n: usize, next: &mut dyn FnMut() -> u16| -> Vec<u8> {
+        (0..n).flat_map(|_| next().to_le_bytes()).collect()
+    };
+    let mut a = words(16 * 32, &mut next);
+    let mut b = words(16 * 32, &mut next);
+    let mut c0: Vec<u8> = (0..16 * 16)
+        .flat_map(|i| (i as f32 * 0.37 - 40.0).to_le_bytes())
+        .collect();
+    // The order pair, in A's row 0 pair 0 and B's row 0 column 0, other pairs of that output
+    // zero; the C row 0 column 0 it lands on starts at 1.0 (the loaded C).
+    let bf = |x: f32| (x.to_bits() >> 16) as u16;
+    for k in 0..16 {
+        a[4 * k..4 * k + 4].fill(0);
+        b[64 * k..64 * k + 4].fill(0);
+    }
+    a[0..2].copy_from_slice(&bf(1.0 + 1.0 / 128.0).to_le_bytes());
+    a[2..4].copy_from_slice(&bf(-1.0).to_le_bytes());
+    b[0..2].copy_from_slice(&bf(2f32.powi(-24)).to_le_bytes());
+    b[2..4].copy_from_slice(&bf(2f32.powi(-23)).to_le_bytes());
+    c0[0..4].copy_from_slice(&1f32.to_le_bytes());
+    let mut out = Vec::new();
+    for (rows, k_bytes, b_rows) in SHAPES {
+        let cfg = TileConfig::new([
+            (rows, 64),
+            (rows, 64),
+            (0, 0),
+            (0, 0),
+            (rows, k_bytes),
+            (0, 0),
+            (b_rows, 64),
+            (0, 0),
+        ]);
+        let mut stored = vec![0u8; 2 * rows as usize * 64];
+        // SAFETY: the buffers cover every tile's rows at the strides used (A, B: 16 rows of 64
+        // bytes; C: 16 rows of 64); the caller vouches for `tiles`.
+        unsafe {
+            tiles.configure(&cfg);
+            tiles.load(0, c0.as_ptr(), 64);
+            tiles.zero(1);
+            tiles.load(4, a.as_ptr(), 64);
+            tiles.load(6, b.as_ptr(), 64);
+            tiles.dp_bf16(0, 4, 6);
+            tiles.dp_bf16(1, 4, 6);
+            tiles.dp_bf16(1, 4, 6);
+            tiles.store(0, stored.as_mut_ptr(), 64);
+            tiles.store(1, stored.as_mut_ptr().add(rows as usize * 64), 64);
+            tiles.release();
+        }
+        out.extend_from_slice(&stored);
+    }
+    out
+}
+
+/// Whether this CPU's tile unit computes [`bf16_known_answer_program`] as the definition
+/// does. Only called once the tile-data permission is held and a probe child ran `tdpbf16ps`.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn hardware_bf16_matches_definition() -> bool {
+    bf16_known_answer_program(&mut Hardware) == bf16_known_answer_program(&mut Emulated::default())
 }
 
 /// Whether this CPU's tile unit computes [`known_answer_program`] as the definitions do. Only
@@ -496,6 +637,55 @@ mod tests {
         }
     }
 
+    #[test]
+    fn the_emulated_bf16_product_adds_the_even_pair_first_rounding_each() {
+        let out = bf16_known_answer_program(&mut Emulated::default());
+        let c00 = f32::from_le_bytes(out[..4].try_into().unwrap());
+        // 1 + (1 + 2⁻⁷)·2⁻²⁴ rounds to 1 + 2⁻²³; less 2⁻²³ is 1. The odd product first, or
+        // one rounding of both, would give 1 − 2⁻²⁴.
+        assert_eq!(c00, 1.0);
+        let odd_first = (1f32 - 2f32.powi(-23)) + (1.0 + 1.0 / 128.0) * 2f32.powi(-24);
+        assert_eq!(odd_first, 1.0 - 2f32.powi(-24));
+        // Row 0 of the zeroed accumulator took the same products twice onto zero: exact.
+        let c1 = f32::from_le_bytes(out[8 * 64..8 * 64 + 4].try_into().unwrap());
+        assert_eq!(
+            c1,
+            2.0 * ((1.0 + 1.0 / 128.0) * 2f32.powi(-24) - 2f32.powi(-23))
+        );
+        // Denormal inputs read as zero, denormal results flushed, as the instruction does.
+        let cfg = TileConfig::new([
+            (1, 4),
+            (0, 0),
+            (0, 0),
+            (0, 0),
+            (1, 4),
+            (0, 0),
+            (1, 4),
+            (0, 0),
+        ]);
+        let tiny = (f32::MIN_POSITIVE.to_bits() >> 16) as u16; // 2⁻¹²⁶, normal
+        let denormal = tiny - 1; // the largest BF16 denormal
+        let pair = |even: u16, odd: u16| ((odd as u32) << 16 | even as u32).to_le_bytes();
+        let run = |a: [u8; 4], b: [u8; 4], c: f32| {
+            let mut t = Emulated::default();
+            let mut c = c.to_le_bytes();
+            unsafe {
+                t.configure(&cfg);
+                t.load(0, c.as_ptr(), 4);
+                t.load(4, a.as_ptr(), 4);
+                t.load(6, b.as_ptr(), 4);
+                t.dp_bf16(0, 4, 6);
+                t.store(0, c.as_mut_ptr(), 4);
+            }
+            f32::from_le_bytes(c)
+        };
+        let one = 0x3F80;
+        assert_eq!(run(pair(denormal, 0), pair(one, 0), 0.0), 0.0);
+        // 2⁻¹²⁶ · 0.5 is denormal: flushed.
+        assert_eq!(run(pair(tiny, 0), pair(0x3F00, 0), 0.0).to_bits(), 0);
+        assert_eq!(run(pair(tiny, 0), pair(one, 0), 0.0), f32::MIN_POSITIVE);
+    }
+
     /// On a CPU with AMX the hardware runs the known-answer program as the definitions do (the
     /// start-up check); elsewhere the test says it was skipped, and fails under
     /// `PPL_REQUIRE_AMX=1`.
@@ -508,6 +698,14 @@ mod tests {
             return;
         }
         #[cfg(target_arch = "x86_64")]
-        assert!(hardware_matches_definition());
+        {
+            assert!(hardware_matches_definition());
+            assert!(
+                crate::model::kernels::bf16_tiles(),
+                "AMX is in use but the BF16 tile kernel is not (AMX-BF16 absent, or its \
+                 tdpbf16ps differs from the definition: see the warning)"
+            );
+            assert!(hardware_bf16_matches_definition());
+        }
     }
 }
