@@ -47,6 +47,9 @@ pub mod kquant;
 pub mod math;
 pub mod panel;
 pub mod rows16;
+mod shared_input;
+
+pub use shared_input::SharedInput;
 
 use std::sync::Arc;
 
@@ -60,6 +63,11 @@ pub trait OwnMatrix: Send + Sync {
     fn storage_bytes(&self) -> usize;
     /// `x [m, k]` (row-major) times this matrix transposed: `[m, n]`.
     fn matmul(&self, x: &[f32], m: usize) -> Vec<f32>;
+    /// [`OwnMatrix::matmul`] of an input other matrices multiply too, its quantized
+    /// activations shared with them (the same bits).
+    fn matmul_shared(&self, input: &SharedInput<'_>) -> Vec<f32> {
+        self.matmul(input.x(), input.rows())
+    }
     /// Row `j` as f32: the same numbers as ggml's (and candle's) dequantization, so a tied
     /// embedding table is looked up from the output layer's copy, one row at a time.
     fn dequantize_row(&self, j: usize, out: &mut [f32]);

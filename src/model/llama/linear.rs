@@ -9,7 +9,7 @@ use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor};
 use candle_core::{Device, Module, Tensor};
 
 use crate::model::gguf::GgufFile;
-use crate::model::kernels::{self, OwnMatrix};
+use crate::model::kernels::{self, OwnMatrix, SharedInput};
 use crate::model::quantize::{self, Quantize, Quantized, Site};
 use crate::model::shard::RawTensor;
 use crate::model::{ModelError, Precision};
@@ -178,22 +178,57 @@ impl Linear {
         }) as u64
     }
 
-    pub(super) fn is_own(&self) -> bool {
-        matches!(self, Linear::Own(_))
-    }
-
-    /// `x`'s product through our kernel as raw values and their dims (`None` for candle's
-    /// matrices), for a caller that reuses the buffer.
-    pub(super) fn own_forward(&self, x: &Tensor) -> Result<Option<(Vec<f32>, Vec<usize>)>> {
-        let Linear::Own(w) = self else {
+    /// The products of `x` through several matrices that multiply it (a layer's Q, K and V;
+    /// gate and up) as raw values and dims, when all are ours: `x` is read and its quantized
+    /// activations made once for all of them ([`SharedInput`]: the same bits as one
+    /// product each). `None` if any is candle's.
+    pub(super) fn own_forward_shared(
+        linears: &[&Linear],
+        x: &Tensor,
+    ) -> Result<Option<Vec<(Vec<f32>, Vec<usize>)>>> {
+        let owns: Option<Vec<_>> = linears
+            .iter()
+            .map(|l| match l {
+                Linear::Own(w) => Some(w),
+                Linear::Candle(_) => None,
+            })
+            .collect();
+        let Some(owns) = owns else {
             return Ok(None);
         };
-        let (n, k) = w.shape();
-        let mut dims = x.dims().to_vec();
+        let Some(k) = owns.first().map(|w| w.shape().1) else {
+            return Ok(Some(Vec::new()));
+        };
+        assert!(owns.iter().all(|w| w.shape().1 == k), "shared input widths");
         let rows = x.elem_count() / k;
-        let y = with_f32(x, |xs| w.matmul(xs, rows))?;
-        *dims.last_mut().expect("rank >= 1") = n;
-        Ok(Some((y, dims)))
+        let ys = with_f32(x, |xs| {
+            let input = SharedInput::new(xs, rows);
+            owns.iter()
+                .map(|w| w.matmul_shared(&input))
+                .collect::<Vec<_>>()
+        })?;
+        Ok(Some(
+            ys.into_iter()
+                .zip(&owns)
+                .map(|(y, w)| {
+                    let mut dims = x.dims().to_vec();
+                    *dims.last_mut().expect("rank >= 1") = w.shape().0;
+                    (y, dims)
+                })
+                .collect(),
+        ))
+    }
+
+    /// [`Linear::forward`] of each of `linears` on the same `x`, sharing `x`'s quantized
+    /// activations where all are ours ([`Linear::own_forward_shared`]).
+    pub(super) fn forward_shared(linears: &[&Linear], x: &Tensor) -> Result<Vec<Tensor>> {
+        match Self::own_forward_shared(linears, x)? {
+            Some(ys) => ys
+                .into_iter()
+                .map(|(y, dims)| Ok(Tensor::from_vec(y, dims, &Device::Cpu)?))
+                .collect(),
+            None => linears.iter().map(|l| l.forward(x)).collect(),
+        }
     }
 
     pub(super) fn forward(&self, x: &Tensor) -> Result<Tensor> {

@@ -99,7 +99,11 @@ impl<B: SuperBlock> KQuantMatrix<B> {
     /// [`Self::matmul`] by the `isa` path (capped at what the CPU allows).
     pub fn matmul_with(&self, x: &[f32], m: usize, isa: Isa) -> Vec<f32> {
         assert_eq!(x.len(), m * self.k, "activation shape");
-        let a = Q8KPanels::quantize(x, m, self.k);
+        self.matmul_prepared(&Q8KPanels::quantize(x, m, self.k), m, isa)
+    }
+
+    /// The product of `m` rows of activations already in Q8_K.
+    fn matmul_prepared(&self, a: &Q8KPanels, m: usize, isa: Isa) -> Vec<f32> {
         let nb = self.k / QK_K;
         panel::drive(m, self.n, GROUP, |p, j, out| {
             let mut res = [[0f32; PANEL]; GROUP];
@@ -137,6 +141,11 @@ impl<B: SuperBlock> super::OwnMatrix for KQuantMatrix<B> {
 
     fn matmul(&self, x: &[f32], m: usize) -> Vec<f32> {
         self.matmul(x, m)
+    }
+
+    fn matmul_shared(&self, input: &super::SharedInput<'_>) -> Vec<f32> {
+        let a = input.q8k(self.k);
+        self.matmul_prepared(a, input.rows(), super::isa())
     }
 
     fn dequantize_row(&self, j: usize, out: &mut [f32]) {

@@ -37,7 +37,7 @@ use rayon::prelude::*;
 use super::kquant::q8k::{Q8KPanel, Q8KPanels};
 use super::kquant::QK_K;
 use super::panel::{self, Panels, BLOCK, PANEL};
-use super::{Isa, OwnMatrix};
+use super::{Isa, OwnMatrix, SharedInput};
 
 /// Weight rows interleaved per group: one per 32-bit lane of a 512-bit register, one per
 /// 32-bit column of a 64-byte tile row.
@@ -58,6 +58,8 @@ pub trait Activations: Sync + Sized {
     const BLOCK: usize;
     /// `x [m, k]`, row-major (`k` a multiple of [`Self::BLOCK`]).
     fn quantize(x: &[f32], m: usize, k: usize) -> Self;
+    /// The input's activations of this type, made once for all the matrices that share it.
+    fn shared<'s>(input: &'s SharedInput<'_>, k: usize) -> &'s Self;
     fn panel(&self, p: usize) -> Self::Panel<'_>;
     /// Whether `panel` holds `nb` blocks of each of its rows (the kernels index unchecked).
     fn holds(panel: &Self::Panel<'_>, nb: usize) -> bool;
@@ -107,6 +109,10 @@ impl Activations for Q8Panels {
         Self { panels, sums }
     }
 
+    fn shared<'s>(input: &'s SharedInput<'_>, k: usize) -> &'s Self {
+        input.q8(k)
+    }
+
     fn panel(&self, p: usize) -> Q8Panel<'_> {
         let a = self.panels.panel(p);
         let per_panel = self.panels.blocks_per_row() * PANEL;
@@ -143,6 +149,10 @@ impl Activations for Q8KPanels {
 
     fn quantize(x: &[f32], m: usize, k: usize) -> Self {
         Q8KPanels::quantize(x, m, k)
+    }
+
+    fn shared<'s>(input: &'s SharedInput<'_>, k: usize) -> &'s Self {
+        input.q8k(k)
     }
 
     fn panel(&self, p: usize) -> Q8KPanel<'_> {
@@ -363,9 +373,18 @@ impl<F: Format> Rows16Matrix<F> {
         m: usize,
         kernel: impl Fn(&Job<'_, PanelOf<'_, F>>) -> GroupOut + Sync,
     ) -> Vec<f32> {
+        assert_eq!(x.len(), m * self.k, "activation shape");
+        self.matmul_prepared(&F::Act::quantize(x, m, self.k), m, kernel)
+    }
+
+    /// The product of `m` rows of activations already quantized for `F`.
+    fn matmul_prepared(
+        &self,
+        a: &F::Act,
+        m: usize,
+        kernel: impl Fn(&Job<'_, PanelOf<'_, F>>) -> GroupOut + Sync,
+    ) -> Vec<f32> {
         let (n, k) = (self.n, self.k);
-        assert_eq!(x.len(), m * k, "activation shape");
-        let a = F::Act::quantize(x, m, k);
         let nb = k / F::Act::BLOCK;
         // Each panel's view once (with its length check), not once per job.
         let panels: Vec<PanelOf<'_, F>> = (0..m.div_ceil(PANEL))
@@ -450,6 +469,11 @@ impl<F: Format> OwnMatrix for Rows16Matrix<F> {
 
     fn matmul(&self, x: &[f32], m: usize) -> Vec<f32> {
         self.matmul(x, m)
+    }
+
+    fn matmul_shared(&self, input: &SharedInput<'_>) -> Vec<f32> {
+        let a = F::Act::shared(input, self.k);
+        self.matmul_prepared(a, input.rows(), kernel_at::<F>(super::isa()))
     }
 
     fn dequantize_row(&self, j: usize, out: &mut [f32]) {
