@@ -185,7 +185,7 @@ impl Linear {
     pub(super) fn own_forward_shared(
         linears: &[&Linear],
         x: &Tensor,
-    ) -> Result<Option<Vec<(Vec<f32>, Vec<usize>)>>> {
+    ) -> Result<Option<Vec<RawProduct>>> {
         let owns: Option<Vec<_>> = linears
             .iter()
             .map(|l| match l {
@@ -241,6 +241,9 @@ impl Linear {
         }
     }
 }
+
+/// A product's values and dims, as our kernels return it.
+pub(super) type RawProduct = (Vec<f32>, Vec<usize>);
 
 /// Runs `f` on the f32 values of `t` in row-major order, without a copy when `t` is already a
 /// contiguous CPU f32 tensor.
