@@ -369,17 +369,20 @@ pub fn bf16_tiles() -> bool {
     })
 }
 
-/// [`IsaChoice::summary`] of this process, and at the AMX level where BF16 weights are
-/// multiplied (on the tiles, or with `vdpbf16ps` where the tile unit's BF16 did not pass the
-/// start-up check): the line `ppl validate` prints and results.json records.
+/// [`IsaChoice::summary`] of this process, and from the AVX-512 BF16 level up how BF16
+/// weights are multiplied (on the tiles; with `vdpbf16ps`; or with FMAs where those time
+/// faster, [`bf16::vdpbf16ps_pays`]): the line `ppl validate` prints and results.json
+/// records.
 pub fn kernels_summary() -> String {
     let choice = isa_choice();
     let mut s = choice.summary();
-    if choice.used >= Isa::Amx {
-        s += if bf16_tiles() {
-            "; BF16 on the tiles"
-        } else {
+    if choice.used >= Isa::Amx && bf16_tiles() {
+        s += "; BF16 on the tiles";
+    } else if choice.used >= Isa::Avx512Bf16 {
+        s += if bf16::vdpbf16ps_pays() {
             "; BF16 on vdpbf16ps"
+        } else {
+            "; BF16 on FMA (faster than vdpbf16ps here)"
         };
     }
     s
