@@ -702,17 +702,8 @@ mod probe {
         /// # Safety
         /// The tile-data permission must be held; a CPU without AMX-BF16 raises SIGILL.
         pub(super) unsafe fn amx_bf16_works() -> bool {
-            use crate::model::kernels::rows16::tiles::{Hardware, TileConfig, Tiles};
-            let cfg = TileConfig::new([
-                (1, 4),
-                (0, 0),
-                (0, 0),
-                (0, 0),
-                (1, 4),
-                (0, 0),
-                (1, 4),
-                (0, 0),
-            ]);
+            use crate::model::kernels::rows16::tiles::{Hardware, Tiles, ONE_WORD};
+            let cfg = ONE_WORD;
             // Per 32-bit word: the even BF16 value in the low half, the odd one in the high.
             let a = 0x3fc0_3f80u32.to_le_bytes(); // 1.0, 1.5
             let b = 0x4000_4040u32.to_le_bytes(); // 3.0, 2.0

@@ -46,6 +46,19 @@ impl TileConfig {
     }
 }
 
+/// C (tmm0), A (tmm4) and B (tmm6) of one 4-byte row each: one i32 or f32 sum of one pair
+/// (the probe's and the tests' smallest programs).
+pub const ONE_WORD: TileConfig = TileConfig::new([
+    (1, 4),
+    (0, 0),
+    (0, 0),
+    (0, 0),
+    (1, 4),
+    (0, 0),
+    (1, 4),
+    (0, 0),
+]);
+
 /// The tile instructions the kernels use. Tile indices follow the roles above.
 ///
 /// # Safety
@@ -381,8 +394,33 @@ pub fn known_answer_program<T: Tiles>(tiles: &mut T) -> Vec<u8> {
     let a: Vec<u8> = (0..16 * 96).map(|_| next()).collect();
     let b: Vec<u8> = (0..16 * 80).map(|_| next()).collect();
     let c0: Vec<u8> = (0..16 * 64).map(|_| next()).collect();
+    let program = |tiles: &mut T| {
+        // SAFETY: the buffers cover every tile's rows at the strides used (A: 16 rows of 96
+        // bytes, B: 16 of 80, C: 16 of 64); the caller vouches for `tiles`.
+        unsafe {
+            tiles.load(0, c0.as_ptr(), 64);
+            tiles.zero(1);
+            tiles.load(4, a.as_ptr().add(3), 96);
+            tiles.load(6, b.as_ptr(), 80);
+            tiles.load(7, b.as_ptr().add(16), 80);
+            tiles.dp_ss(0, 4, 6);
+            tiles.dp_su(1, 4, 7);
+            tiles.dp_su(0, 4, 7);
+        }
+    };
+    run_per_shape(tiles, &SHAPES, program)
+}
+
+/// Runs `program` under each shape's configuration — `(rows, A's bytes per row, B's rows)`:
+/// C in tmm0 and tmm1 (`rows` × 64 bytes), A in tmm4, B in tmm6 and tmm7 (× 64 bytes) — and
+/// returns the two C tiles it leaves, shape after shape.
+fn run_per_shape<T: Tiles>(
+    tiles: &mut T,
+    shapes: &[(u8, u16, u8)],
+    program: impl Fn(&mut T),
+) -> Vec<u8> {
     let mut out = Vec::new();
-    for (rows, k_bytes, b_rows) in SHAPES {
+    for &(rows, k_bytes, b_rows) in shapes {
         let cfg = TileConfig::new([
             (rows, 64),
             (rows, 64),
@@ -394,18 +432,11 @@ pub fn known_answer_program<T: Tiles>(tiles: &mut T) -> Vec<u8> {
             (b_rows, 64),
         ]);
         let mut stored = vec![0u8; 2 * rows as usize * 64];
-        // SAFETY: the buffers cover every tile's rows at the strides used (A: 16 rows of 96
-        // bytes, B: 16 of 80, C: 16 of 64); the caller vouches for `tiles`.
+        // SAFETY: `stored` holds both C tiles' rows of 64 bytes; the caller of the program's
+        // runner vouches for `tiles`.
         unsafe {
             tiles.configure(&cfg);
-            tiles.load(0, c0.as_ptr(), 64);
-            tiles.zero(1);
-            tiles.load(4, a.as_ptr().add(3), 96);
-            tiles.load(6, b.as_ptr(), 80);
-            tiles.load(7, b.as_ptr().add(16), 80);
-            tiles.dp_ss(0, 4, 6);
-            tiles.dp_su(1, 4, 7);
-            tiles.dp_su(0, 4, 7);
+            program(tiles);
             tiles.store(0, stored.as_mut_ptr(), 64);
             tiles.store(1, stored.as_mut_ptr().add(rows as usize * 64), 64);
             tiles.release();
@@ -452,23 +483,10 @@ pub fn bf16_known_answer_program<T: Tiles>(tiles: &mut T) -> Vec<u8> {
     b[0..2].copy_from_slice(&bf(2f32.powi(-24)).to_le_bytes());
     b[2..4].copy_from_slice(&bf(2f32.powi(-23)).to_le_bytes());
     c0[0..4].copy_from_slice(&1f32.to_le_bytes());
-    let mut out = Vec::new();
-    for (rows, k_bytes, b_rows) in SHAPES {
-        let cfg = TileConfig::new([
-            (rows, 64),
-            (rows, 64),
-            (0, 0),
-            (0, 0),
-            (rows, k_bytes),
-            (0, 0),
-            (b_rows, 64),
-            (0, 0),
-        ]);
-        let mut stored = vec![0u8; 2 * rows as usize * 64];
-        // SAFETY: the buffers cover every tile's rows at the strides used (A, B: 16 rows of 64
-        // bytes; C: 16 rows of 64); the caller vouches for `tiles`.
+    let program = |tiles: &mut T| {
+        // SAFETY: the buffers cover every tile's rows at the strides used (A, B, C: 16 rows
+        // of 64 bytes); the caller vouches for `tiles`.
         unsafe {
-            tiles.configure(&cfg);
             tiles.load(0, c0.as_ptr(), 64);
             tiles.zero(1);
             tiles.load(4, a.as_ptr(), 64);
@@ -476,13 +494,9 @@ pub fn bf16_known_answer_program<T: Tiles>(tiles: &mut T) -> Vec<u8> {
             tiles.dp_bf16(0, 4, 6);
             tiles.dp_bf16(1, 4, 6);
             tiles.dp_bf16(1, 4, 6);
-            tiles.store(0, stored.as_mut_ptr(), 64);
-            tiles.store(1, stored.as_mut_ptr().add(rows as usize * 64), 64);
-            tiles.release();
         }
-        out.extend_from_slice(&stored);
-    }
-    out
+    };
+    run_per_shape(tiles, &SHAPES, program)
 }
 
 /// Whether this CPU's tile unit computes [`bf16_known_answer_program`] as the definition
@@ -653,16 +667,7 @@ mod tests {
             2.0 * ((1.0 + 1.0 / 128.0) * 2f32.powi(-24) - 2f32.powi(-23))
         );
         // Denormal inputs read as zero, denormal results flushed, as the instruction does.
-        let cfg = TileConfig::new([
-            (1, 4),
-            (0, 0),
-            (0, 0),
-            (0, 0),
-            (1, 4),
-            (0, 0),
-            (1, 4),
-            (0, 0),
-        ]);
+        let cfg = ONE_WORD;
         let tiny = (f32::MIN_POSITIVE.to_bits() >> 16) as u16; // 2⁻¹²⁶, normal
         let denormal = tiny - 1; // the largest BF16 denormal
         let pair = |even: u16, odd: u16| ((odd as u32) << 16 | even as u32).to_le_bytes();
