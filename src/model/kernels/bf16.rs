@@ -204,9 +204,11 @@ impl Bf16Matrix {
     pub fn matmul_at(&self, x: &[f32], m: usize, isa: Isa) -> Vec<f32> {
         #[cfg(target_arch = "x86_64")]
         if let (Some(t), true) = (&self.tiles, isa >= Isa::Amx) {
-            // `tiles` exist only where `bf16_tiles()` said the tile unit computes as its
-            // definition does, which it checked after the process was granted the tile data.
-            return tiles::matmul(t, x, m, || crate::model::kernels::rows16::tiles::Hardware);
+            // SAFETY: `tiles` exist only where `bf16_tiles()` said the tile unit computes as
+            // its definition does, checked after the process was granted the tile data.
+            return unsafe {
+                tiles::matmul(t, x, m, || crate::model::kernels::rows16::tiles::Hardware)
+            };
         }
         let isa = isa.min(cpu_level());
         assert_eq!(x.len(), m * self.k, "activation shape");

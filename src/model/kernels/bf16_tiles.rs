@@ -157,7 +157,11 @@ impl TilePanels {
 
 /// `x [m, k]` times the weights transposed, `[m, n]`, on the tiles `tiles()` gives (one per
 /// job: the CPU's, or the emulator in tests).
-pub(super) fn matmul<T: Tiles>(
+///
+/// # Safety
+/// The tiles must be usable for `tdpbf16ps`: the emulator's always are; the CPU's only where
+/// [`crate::model::kernels::bf16_tiles`] says so.
+pub(super) unsafe fn matmul<T: Tiles>(
     w: &TileWeights,
     x: &[f32],
     m: usize,
@@ -167,8 +171,7 @@ pub(super) fn matmul<T: Tiles>(
     let a = TilePanels::pack(x, m, w.k);
     panel::drive(m, w.n, GROUP, |p, j, out| {
         // SAFETY: `p < ⌈m/8⌉` and `j < n` (the driver's ranges), so both blocks exist in
-        // full (asserted inside); `tiles()` is the emulator or the CPU's tile unit, which is
-        // only handed out where AMX-BF16 is in use (`super::Bf16Matrix::matmul_at`).
+        // full (asserted inside); the caller vouches for the tiles.
         let res = unsafe { group(&mut tiles(), w, &a, j / GROUP, p) };
         for (r, row) in res.iter().enumerate().take(out.live()) {
             out.set_row(r, row);
@@ -320,7 +323,8 @@ mod tests {
             let bytes: Vec<u8> = w.iter().flat_map(|b| b.to_le_bytes()).collect();
             let matrix = super::super::Bf16Matrix::from_bytes(&bytes, n, k).unwrap();
             let tiles = TileWeights::new(matrix.bits.get(), n, k);
-            let got = matmul(&tiles, &x, m, Emulated::default);
+            // SAFETY: the emulator's tiles are always usable.
+            let got = unsafe { matmul(&tiles, &x, m, Emulated::default) };
             let want = matrix.matmul_at(&x, m, Isa::Portable);
             let same = got
                 .iter()
@@ -331,7 +335,8 @@ mod tests {
             #[cfg(target_arch = "x86_64")]
             if crate::model::kernels::bf16_tiles() {
                 use crate::model::kernels::rows16::tiles::Hardware;
-                let hw = matmul(&tiles, &x, m, || Hardware);
+                // SAFETY: `bf16_tiles()` checked the CPU's tiles.
+                let hw = unsafe { matmul(&tiles, &x, m, || Hardware) };
                 assert!(hw
                     .iter()
                     .zip(&want)
