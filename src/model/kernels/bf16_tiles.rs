@@ -38,6 +38,11 @@ fn tile_pair(even: u16, odd: u16) -> u32 {
     odd as u32 | (even as u32) << 16
 }
 
+/// A chunk's sixteen values as the tiles take them: lane `l`'s pair `(2l, 2l + 1)`.
+fn lane_pairs(chunk: &[u16]) -> [u32; LANES] {
+    std::array::from_fn(|l| tile_pair(chunk[2 * l], chunk[2 * l + 1]))
+}
+
 /// A BF16 weight matrix `[n, k]` in the tile layout.
 pub(super) struct TileWeights {
     n: usize,
@@ -64,9 +69,8 @@ impl TileWeights {
                 for row in 0..GROUP.min(n - g * GROUP) {
                     let w = &bits[(g * GROUP + row) * k..][..k];
                     for (c, chunk) in w.chunks_exact(CHUNK).enumerate() {
-                        for l in 0..LANES {
-                            dst[(c * LANES + l) * GROUP + row] =
-                                tile_pair(chunk[2 * l], chunk[2 * l + 1]);
+                        for (l, pair) in lane_pairs(chunk).into_iter().enumerate() {
+                            dst[(c * LANES + l) * GROUP + row] = pair;
                         }
                     }
                 }
@@ -132,9 +136,8 @@ impl TilePanels {
                         for (b, &v) in bits.iter_mut().zip(values) {
                             *b = activation_bits(v);
                         }
-                        for l in 0..LANES {
-                            dst[(l * PANEL + r) * chunks + c] =
-                                tile_pair(bits[2 * l], bits[2 * l + 1]);
+                        for (l, pair) in lane_pairs(&bits).into_iter().enumerate() {
+                            dst[(l * PANEL + r) * chunks + c] = pair;
                         }
                     }
                 }

@@ -199,7 +199,16 @@ impl Linear {
         let Some(k) = owns.first().map(|w| w.shape().1) else {
             return Ok(Some(Vec::new()));
         };
-        assert!(owns.iter().all(|w| w.shape().1 == k), "shared input widths");
+        if let Some(w) = owns.iter().find(|w| w.shape().1 != k) {
+            return Err(ModelError::Tensor {
+                name: "projection".to_string(),
+                detail: format!(
+                    "takes {} inputs where the projections beside it take {k}: the model file's \
+                     shapes disagree",
+                    w.shape().1
+                ),
+            });
+        }
         let rows = x.elem_count() / k;
         let ys = with_f32(x, |xs| {
             let input = SharedInput::new(xs, rows);
