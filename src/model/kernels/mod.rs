@@ -26,8 +26,8 @@
 //!   SmolLM2 F32 export at 0.84× llama.cpp's speed).
 //! - [`half_driver`]: the threading and cache blocking shared by [`half`], [`bf16`] and
 //!   [`f32_weights`].
-//! - [`kquant`] (Q5_K × Q8_K, and the Q4_K/Q6_K panel kernels [`rows16`] replaced, kept as
-//!   the reference of their float order): the K-quant types on the same panels and driver.
+//! - [`kquant`]: the K-quant formats' definitions (super-blocks as the file lays them out,
+//!   ggml's dequantization) and the Q8_K activations their [`rows16`] kernels multiply.
 //! - [`attention`]: causal f32 attention computing only the visible keys, fused from scores to
 //!   values (candle's ops materialised four `[heads, t, t]` tensors per layer).
 //! - [`math`]: a vectorised exponential and SiLU gating (glibc's scalar `expf` was 5–7%).

@@ -18,8 +18,8 @@
 //!   `s` is bit 4 of value `32s + 4t + c` — the byte that meets those values' nibbles, so a
 //!   shift and a mask per run put each sub-block's fifth bits in place.
 //!
-//! Float order, per output, the same as [`crate::model::kernels::kquant::q4k`]'s and
-//! [`crate::model::kernels::kquant::q5k`]'s (so the same bits as before the repacking): exact i32 `sum = Σ_s scale_s·Σ_e q_e·a_e` and
+//! Float order, per output, ggml's structure and that of the panel kernels this replaced
+//! (since removed; so the same bits as before the repacking): exact i32 `sum = Σ_s scale_s·Σ_e q_e·a_e` and
 //! `mins = Σ_s min_s·(bsum_{2s} + bsum_{2s+1})` per super-block, then over the super-blocks in
 //! order, from zero, `acc = fma(d_w·d_a, sum as f32, acc)` and
 //! `acc_min = fma(dmin_w·d_a, mins as f32, acc_min)`; the output is `acc − acc_min`. The

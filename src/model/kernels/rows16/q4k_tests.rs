@@ -1,7 +1,7 @@
-use super::super::tests::{check_against_panel_kernel, format_tests, Case};
+use super::super::tests::{format_tests, Case};
 use super::*;
-use crate::model::kernels::kquant::q4k::{tests as q4k_file, Q4KBlock};
-use crate::model::kernels::kquant::q5k::{tests as q5k_file, Q5KBlock};
+use crate::model::kernels::kquant::q4k::tests as q4k_file;
+use crate::model::kernels::kquant::q5k::tests as q5k_file;
 use candle_core::quantized::GgmlDType;
 
 const SHAPES: &[(usize, usize, usize)] = &[
@@ -43,21 +43,11 @@ impl Case for Q5K {
 mod q4k {
     use super::*;
     format_tests!(Q4K, 31);
-
-    #[test]
-    fn every_level_gives_the_bits_of_the_panel_kernel_it_replaced() {
-        check_against_panel_kernel::<Q4K, Q4KBlock>(41);
-    }
 }
 
 mod q5k {
     use super::*;
     format_tests!(Q5K, 37);
-
-    #[test]
-    fn every_level_gives_the_bits_of_the_panel_kernel_it_replaced() {
-        check_against_panel_kernel::<Q5K, Q5KBlock>(43);
-    }
 }
 
 #[test]

@@ -1,9 +1,9 @@
 //! Q6_K weights repacked at load into interleaved groups of [`GROUP`] rows, × Q8_K activations.
 //!
-//! Why: the panel kernel of [`crate::model::kernels::kquant::q6k`] decodes a super-block of one weight row and meets
-//! eight activation rows with it, every product of a row landing in the lanes of its own
-//! register, so each super-block ends in a horizontal reduction and per-row offset fix-ups; a
-//! profile of the Llama-3.2-1B shape in Q6_K spent 54% of the time there (0.61× llama.cpp).
+//! Why: the panel kernel this replaced (since removed) decoded a super-block of one weight
+//! row and met eight activation rows with it, every product of a row landing in the lanes of its own
+//! register, so each super-block ended in a horizontal reduction and per-row offset fix-ups;
+//! a profile of the Llama-3.2-1B shape in Q6_K spent 54% of the time there (0.61× llama.cpp).
 //! Here, as in [`super::q4_0`], one 32-bit lane belongs to one weight row: a broadcast
 //! of four activation bytes meets sixteen rows' four weights in one `vpdpbusd`, the sum of a
 //! 16-value sub-block forms in each row's lane, is multiplied by that row's scale in one
@@ -18,8 +18,8 @@
 //! - `[2336, 3360)`: the top two bits, one 64-byte run per sub-block: run `s`, byte `4j + c`,
 //!   bits `2t, 2t + 1` for value `16s + 4t + c` of row `j`.
 //!
-//! Float order, per output, the same as the panel kernel's (so the same bits as before the
-//! repacking): the super-block's sum `Σ_s scale_s·Σ_e (q_e − 32)·a_e` is exact in i32 (the
+//! Float order, per output, ggml's structure and the removed panel kernel's (so the same bits
+//! as before the repacking): the super-block's sum `Σ_s scale_s·Σ_e (q_e − 32)·a_e` is exact in i32 (the
 //! SIMD paths start each sub-block's sum at `−32·bsum_s` and add the unsigned products), then
 //! `acc = fma(d_w·d_a, sum as f32, acc)` over the super-blocks in order, from zero. The
 //! AVX-512 VNNI path (sixteen rows per register), the AVX2 path (eight), the AMX path (one

@@ -1,6 +1,6 @@
-use super::super::tests::{check_against_panel_kernel, format_tests, Case};
+use super::super::tests::{format_tests, Case};
 use super::*;
-use crate::model::kernels::kquant::q6k::{tests as file, Q6KBlock};
+use crate::model::kernels::kquant::q6k::tests as file;
 use candle_core::quantized::GgmlDType;
 
 impl Case for Q6K {
@@ -25,11 +25,6 @@ impl Case for Q6K {
 }
 
 format_tests!(Q6K, 37);
-
-#[test]
-fn every_level_gives_the_bits_of_the_panel_kernel_it_replaced() {
-    check_against_panel_kernel::<Q6K, Q6KBlock>(43);
-}
 
 #[test]
 fn memory_is_the_files_bytes() {

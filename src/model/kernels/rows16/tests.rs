@@ -194,26 +194,6 @@ pub(crate) fn check_sizes<F: Case>() {
     assert!(Rows16Matrix::<F>::from_bytes(&[], 1, 0).is_none());
 }
 
-/// The portable bits equal those of the K-quant panel kernel `before` (the float order the
-/// repacked format keeps), on every shape of the case.
-pub(crate) fn check_against_panel_kernel<F: Case, B: crate::model::kernels::kquant::SuperBlock>(
-    mut seed: u64,
-) {
-    use crate::model::kernels::kquant::KQuantMatrix;
-    for &(m, n, k) in F::SHAPES {
-        let bytes = F::random(n, k, &mut seed);
-        let w = Rows16Matrix::<F>::from_bytes(&bytes, n, k).expect("layout");
-        let x: Vec<f32> = (0..m * k).map(|_| lcg(&mut seed) * 3.0).collect();
-        let before = KQuantMatrix::<B>::from_bytes(&bytes, n, k).expect("layout");
-        assert_eq!(
-            bits(&before.matmul_with(&x, m, Isa::Portable)),
-            bits(&w.matmul_at(&x, m, Isa::Portable)),
-            "{} ({m},{n},{k})",
-            F::NAME
-        );
-    }
-}
-
 /// On a CPU whose tile unit this process uses, the hardware AMX path gives the emulated
 /// tiles' bits (and so the portable path's); elsewhere the test says it was skipped, and
 /// fails under `PPL_REQUIRE_AMX=1`.
