@@ -34,7 +34,7 @@ use super::Isa;
 use crate::model::mapped::MappedBytes;
 
 pub use super::half_driver::PANEL;
-use super::half_driver::{Lanes, PanelKernel, Pass, LANES};
+use super::half_driver::{ChunkPanel, ChunkPanels, Lanes, PanelKernel, Pass, LANES};
 /// Values per chunk: two per lane.
 const CHUNK: usize = 2 * LANES;
 /// Smallest biased exponent of a weight kept (2⁻⁶⁴); smaller ones are held as zero.
@@ -212,7 +212,7 @@ impl Bf16Matrix {
         }
         let isa = isa.min(cpu_level());
         assert_eq!(x.len(), m * self.k, "activation shape");
-        let a = Panels::pack(x, m, self.k, isa);
+        let a = pack(x, m, self.k, isa);
         super::half_driver::matmul(self, &a, m, isa)
     }
 }
@@ -421,62 +421,19 @@ impl super::OwnMatrix for Bf16Matrix {
     }
 }
 
-/// Activations as [`activation_bits`], packed in panels of [`PANEL`] rows: per panel,
-/// `[chunk][row][16]`, then `[row][k mod 16]`; rows past `m` are zero.
-pub struct Panels {
-    rows: usize,
-    chunks: usize,
-    tail: usize,
-    data: Vec<u16>,
-}
+/// Activations as [`activation_bits`], packed in panels of [`PANEL`] rows.
+pub type Panels = ChunkPanels<u16, CHUNK>;
+/// One panel of them.
+pub type PanelRef<'a> = ChunkPanel<'a, u16>;
 
-/// One panel: `chunks[(c·PANEL + r)·16 + i]` is row `r`'s value `16c + i`; `tail[r·t + i]`
-/// its value `16·chunks + i`.
-#[derive(Clone, Copy)]
-pub struct PanelRef<'a> {
-    pub chunks: &'a [u16],
-    pub tail: &'a [u16],
-}
-
-impl Panels {
-    /// Rounds, flushes and packs `x [m, k]`, with SIMD where `isa` allows (the same bits).
-    pub fn pack(x: &[f32], m: usize, k: usize, isa: Isa) -> Self {
-        let (chunks, tail) = (k / CHUNK, k % CHUNK);
-        let per_panel = PANEL * k;
-        let mut data = vec![0u16; m.div_ceil(PANEL) * per_panel];
-        data.par_chunks_mut(per_panel)
-            .enumerate()
-            .for_each(|(p, panel)| {
-                let (body, tail_part) = panel.split_at_mut(chunks * PANEL * CHUNK);
-                for r in 0..PANEL.min(m - p * PANEL) {
-                    let row = &x[(p * PANEL + r) * k..][..k];
-                    for (c, src) in row.chunks_exact(CHUNK).enumerate() {
-                        let dst = &mut body[(c * PANEL + r) * CHUNK..][..CHUNK];
-                        round_chunk(src, dst, isa);
-                    }
-                    for (t, &v) in row[chunks * CHUNK..].iter().enumerate() {
-                        tail_part[r * tail + t] = activation_bits(v);
-                    }
-                }
-            });
-        Self {
-            rows: m,
-            chunks,
-            tail,
-            data,
-        }
-    }
-
-    pub fn panels(&self) -> usize {
-        self.rows.div_ceil(PANEL)
-    }
-
-    pub fn panel(&self, p: usize) -> PanelRef<'_> {
-        let per_panel = PANEL * (self.chunks * CHUNK + self.tail);
-        let (chunks, tail) =
-            self.data[p * per_panel..][..per_panel].split_at(self.chunks * PANEL * CHUNK);
-        PanelRef { chunks, tail }
-    }
+/// Rounds, flushes and packs `x [m, k]`, with SIMD where `isa` allows (the same bits).
+pub fn pack(x: &[f32], m: usize, k: usize, isa: Isa) -> Panels {
+    Panels::pack(
+        x,
+        (m, k),
+        |src, dst| round_chunk(src, dst, isa),
+        activation_bits,
+    )
 }
 
 /// Sixteen values as [`activation_bits`].

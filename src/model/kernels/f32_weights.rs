@@ -20,13 +20,11 @@
 //! matmul in panels of [`PANEL`] rows, chunk-major (`[chunk][row][8 lanes]`, then the `k mod 8`
 //! tail values row by row).
 
-use rayon::prelude::*;
-
 use super::Isa;
 use crate::model::mapped::MappedBytes;
 
 pub use super::half_driver::PANEL;
-use super::half_driver::{Lanes, PanelKernel, Pass, LANES};
+use super::half_driver::{ChunkPanel, ChunkPanels, Lanes, PanelKernel, Pass, LANES};
 
 /// A weight matrix `[n, k]` of f32 values.
 pub struct F32Matrix {
@@ -127,7 +125,7 @@ impl F32Matrix {
     pub fn matmul_at(&self, x: &[f32], m: usize, isa: Isa) -> Vec<f32> {
         let isa = isa.min(cpu_level());
         assert_eq!(x.len(), m * self.k, "activation shape");
-        let a = Panels::pack(x, m, self.k);
+        let a = pack(x, m, self.k);
         super::half_driver::matmul(self, &a, m, isa)
     }
 }
@@ -283,59 +281,14 @@ impl super::OwnMatrix for F32Matrix {
     }
 }
 
-/// Activations packed in panels of [`PANEL`] rows: per panel, `[chunk][row][lane]`, then
-/// `[row][k mod 8]`; rows past `m` are zero.
-pub struct Panels {
-    rows: usize,
-    chunks: usize,
-    tail: usize,
-    data: Vec<f32>,
-}
+/// Activations packed in panels of [`PANEL`] rows (the values unchanged).
+pub type Panels = ChunkPanels<f32, LANES>;
+/// One panel of them.
+pub type PanelRef<'a> = ChunkPanel<'a, f32>;
 
-/// One panel: `chunks[(c·PANEL + r)·8 + l]` is row `r`'s value `8c + l`; `tail[r·t + i]` its
-/// value `8·chunks + i`.
-#[derive(Clone, Copy)]
-pub struct PanelRef<'a> {
-    pub chunks: &'a [f32],
-    pub tail: &'a [f32],
-}
-
-impl Panels {
-    /// Packs `x [m, k]` (the values unchanged).
-    pub fn pack(x: &[f32], m: usize, k: usize) -> Self {
-        let (chunks, tail) = (k / LANES, k % LANES);
-        let per_panel = PANEL * k;
-        let mut data = vec![0f32; m.div_ceil(PANEL) * per_panel];
-        data.par_chunks_mut(per_panel)
-            .enumerate()
-            .for_each(|(p, panel)| {
-                let (body, tail_part) = panel.split_at_mut(chunks * PANEL * LANES);
-                for r in 0..PANEL.min(m - p * PANEL) {
-                    let row = &x[(p * PANEL + r) * k..][..k];
-                    for (c, src) in row.chunks_exact(LANES).enumerate() {
-                        body[(c * PANEL + r) * LANES..][..LANES].copy_from_slice(src);
-                    }
-                    tail_part[r * tail..][..tail].copy_from_slice(&row[chunks * LANES..]);
-                }
-            });
-        Self {
-            rows: m,
-            chunks,
-            tail,
-            data,
-        }
-    }
-
-    pub fn panels(&self) -> usize {
-        self.rows.div_ceil(PANEL)
-    }
-
-    pub fn panel(&self, p: usize) -> PanelRef<'_> {
-        let per_panel = PANEL * (self.chunks * LANES + self.tail);
-        let (chunks, tail) =
-            self.data[p * per_panel..][..per_panel].split_at(self.chunks * PANEL * LANES);
-        PanelRef { chunks, tail }
-    }
+/// Packs `x [m, k]`.
+pub fn pack(x: &[f32], m: usize, k: usize) -> Panels {
+    Panels::pack(x, (m, k), |src, dst| dst.copy_from_slice(src), |v| v)
 }
 
 #[cfg(target_arch = "x86_64")]

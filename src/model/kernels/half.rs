@@ -22,13 +22,12 @@
 //! micro-kernel reads the eight rows' values of one chunk from one 256-byte line run.
 
 use ::half::f16;
-use rayon::prelude::*;
 
 use super::panel::hsum8;
 use super::Isa;
 
 pub use super::half_driver::PANEL;
-use super::half_driver::{Lanes, PanelKernel, Pass, LANES};
+use super::half_driver::{ChunkPanel, ChunkPanels, Lanes, PanelKernel, Pass, LANES};
 
 /// Which 16-bit float the weights (and the rounded activations) are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -125,7 +124,7 @@ impl HalfMatrix {
     pub fn matmul_at(&self, x: &[f32], m: usize, isa: Isa) -> Vec<f32> {
         let isa = isa.min(cpu_level());
         assert_eq!(x.len(), m * self.k, "activation shape");
-        let a = Panels::pack(self.kind, x, m, self.k, isa);
+        let a = pack(self.kind, x, m, self.k, isa);
         super::half_driver::matmul(self, &a, m, isa)
     }
 }
@@ -331,63 +330,20 @@ impl super::OwnMatrix for HalfMatrix {
     }
 }
 
-/// Activations rounded to the weights' type (held as their exact f32 values) and packed in
-/// panels of [`PANEL`] rows: per panel, `[chunk][row][lane]`, then `[row][k mod 8]`; rows past
-/// `m` are zero.
-pub struct Panels {
-    rows: usize,
-    chunks: usize,
-    tail: usize,
-    data: Vec<f32>,
-}
+/// Activations rounded to the weights' type (held as their exact f32 values), packed in
+/// panels of [`PANEL`] rows.
+pub type Panels = ChunkPanels<f32, LANES>;
+/// One panel of them.
+pub type PanelRef<'a> = ChunkPanel<'a, f32>;
 
-/// One panel: `chunks[(c·PANEL + r)·8 + l]` is row `r`'s value `8c + l`; `tail[r·t + i]` its
-/// value `8·chunks + i`.
-#[derive(Clone, Copy)]
-pub struct PanelRef<'a> {
-    pub chunks: &'a [f32],
-    pub tail: &'a [f32],
-}
-
-impl Panels {
-    /// Rounds and packs `x [m, k]`, with SIMD where `isa` allows (the same bits).
-    pub fn pack(kind: HalfType, x: &[f32], m: usize, k: usize, isa: Isa) -> Self {
-        let (chunks, tail) = (k / LANES, k % LANES);
-        let per_panel = PANEL * k;
-        let mut data = vec![0f32; m.div_ceil(PANEL) * per_panel];
-        data.par_chunks_mut(per_panel)
-            .enumerate()
-            .for_each(|(p, panel)| {
-                let (body, tail_part) = panel.split_at_mut(chunks * PANEL * LANES);
-                for r in 0..PANEL.min(m - p * PANEL) {
-                    let row = &x[(p * PANEL + r) * k..][..k];
-                    for (c, src) in row.chunks_exact(LANES).enumerate() {
-                        let dst = &mut body[(c * PANEL + r) * LANES..][..LANES];
-                        round8(kind, src, dst, isa);
-                    }
-                    for (t, &v) in row[chunks * LANES..].iter().enumerate() {
-                        tail_part[r * tail + t] = kind.round(v);
-                    }
-                }
-            });
-        Self {
-            rows: m,
-            chunks,
-            tail,
-            data,
-        }
-    }
-
-    pub fn panels(&self) -> usize {
-        self.rows.div_ceil(PANEL)
-    }
-
-    pub fn panel(&self, p: usize) -> PanelRef<'_> {
-        let per_panel = PANEL * (self.chunks * LANES + self.tail);
-        let (chunks, tail) =
-            self.data[p * per_panel..][..per_panel].split_at(self.chunks * PANEL * LANES);
-        PanelRef { chunks, tail }
-    }
+/// Rounds and packs `x [m, k]`, with SIMD where `isa` allows (the same bits).
+pub fn pack(kind: HalfType, x: &[f32], m: usize, k: usize, isa: Isa) -> Panels {
+    Panels::pack(
+        x,
+        (m, k),
+        |src, dst| round8(kind, src, dst, isa),
+        |v| kind.round(v),
+    )
 }
 
 /// Eight values rounded to `kind`.

@@ -41,6 +41,74 @@ pub(crate) struct Pass<'a, P, W = u16> {
     pub live: usize,
 }
 
+/// Activations packed for a float kernel that takes `CHUNK` values per lane step, in panels of
+/// [`PANEL`] rows: per panel `[chunk][row][CHUNK]`, then `[row][k mod CHUNK]` (the tail); rows
+/// past `m` are zero. `T` is what the kernel reads: the rounded values as f32 (F16, F32) or
+/// their bits (BF16).
+pub struct ChunkPanels<T, const CHUNK: usize> {
+    rows: usize,
+    chunks: usize,
+    tail: usize,
+    data: Vec<T>,
+}
+
+/// One panel of [`ChunkPanels`]: `chunks[(c·PANEL + r)·CHUNK + i]` is row `r`'s value
+/// `CHUNK·c + i`; `tail[r·t + i]` its value `CHUNK·chunks + i`.
+#[derive(Clone, Copy)]
+pub struct ChunkPanel<'a, T> {
+    pub chunks: &'a [T],
+    pub tail: &'a [T],
+}
+
+impl<T: Copy + Default + Send + Sync, const CHUNK: usize> ChunkPanels<T, CHUNK> {
+    /// Packs `x [m, k]`: each whole chunk of a row through `chunk(src, dst)` (`CHUNK` values
+    /// each), the tail value by value through `one` — the kernel's rounding, which its SIMD
+    /// `chunk` computes with the same bits as `one`.
+    pub fn pack(
+        x: &[f32],
+        (m, k): (usize, usize),
+        chunk: impl Fn(&[f32], &mut [T]) + Sync,
+        one: impl Fn(f32) -> T + Sync,
+    ) -> Self {
+        assert_eq!(x.len(), m * k, "activation shape");
+        let (chunks, tail) = (k / CHUNK, k % CHUNK);
+        let per_panel = PANEL * k;
+        let mut data = vec![T::default(); m.div_ceil(PANEL) * per_panel];
+        data.par_chunks_mut(per_panel)
+            .enumerate()
+            .for_each(|(p, panel)| {
+                let (body, tail_part) = panel.split_at_mut(chunks * PANEL * CHUNK);
+                for r in 0..PANEL.min(m - p * PANEL) {
+                    let row = &x[(p * PANEL + r) * k..][..k];
+                    for (c, src) in row.chunks_exact(CHUNK).enumerate() {
+                        chunk(src, &mut body[(c * PANEL + r) * CHUNK..][..CHUNK]);
+                    }
+                    let dst = &mut tail_part[r * tail..][..tail];
+                    for (d, &v) in dst.iter_mut().zip(&row[chunks * CHUNK..]) {
+                        *d = one(v);
+                    }
+                }
+            });
+        Self {
+            rows: m,
+            chunks,
+            tail,
+            data,
+        }
+    }
+
+    pub fn panels(&self) -> usize {
+        self.rows.div_ceil(PANEL)
+    }
+
+    pub fn panel(&self, p: usize) -> ChunkPanel<'_, T> {
+        let per_panel = PANEL * (self.chunks * CHUNK + self.tail);
+        let (chunks, tail) =
+            self.data[p * per_panel..][..per_panel].split_at(self.chunks * PANEL * CHUNK);
+        ChunkPanel { chunks, tail }
+    }
+}
+
 /// What a float weight kernel supplies to [`matmul`].
 pub(crate) trait PanelKernel: Sync {
     /// The activations, packed in panels of [`PANEL`] rows.
