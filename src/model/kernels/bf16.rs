@@ -33,6 +33,7 @@ use super::half::round_to_bf16_bits;
 use super::Isa;
 use crate::model::mapped::MappedBytes;
 
+pub(crate) use super::half_driver::cpu_level;
 pub use super::half_driver::PANEL;
 use super::half_driver::{ChunkPanel, ChunkPanels, Lanes, PanelKernel, Pass, LANES};
 /// Values per chunk: two per lane.
@@ -375,32 +376,6 @@ pub fn vdpbf16ps_pays() -> bool {
         tracing::debug!("BF16: vdpbf16ps {dot:?}, FMA {fma:?} per product; vdpbf16ps used: {pays}");
         pays
     })
-}
-
-/// The highest level this CPU executes for this kernel, whatever `PPL_ISA` says (tests ask
-/// for each level explicitly; [`Bf16Matrix::matmul`] follows [`super::isa`]).
-pub(crate) fn cpu_level() -> Isa {
-    #[cfg(target_arch = "x86_64")]
-    {
-        let avx2 = is_x86_feature_detected!("avx2")
-            && is_x86_feature_detected!("fma")
-            && is_x86_feature_detected!("f16c");
-        let avx512 = avx2
-            && is_x86_feature_detected!("avx512f")
-            && is_x86_feature_detected!("avx512bw")
-            && is_x86_feature_detected!("avx512vl");
-        if avx512 && is_x86_feature_detected!("avx512bf16") {
-            Isa::Avx512Bf16
-        } else if avx512 {
-            Isa::Avx512
-        } else if avx2 {
-            Isa::Avx2
-        } else {
-            Isa::Portable
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    Isa::Portable
 }
 
 impl super::OwnMatrix for Bf16Matrix {

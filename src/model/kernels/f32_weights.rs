@@ -242,25 +242,10 @@ pub(crate) fn accumulate_portable(job: &Job<'_>, acc: &mut [Lanes]) {
     }
 }
 
-/// The highest level this CPU executes for this kernel, whatever `PPL_ISA` says (tests ask
-/// for each level explicitly; [`F32Matrix::matmul`] follows [`super::isa`]). The lane sums
-/// are reduced by [`super::half::reduce`], whose AVX2 path also needs F16C's presence in
-/// the level (every AVX2 CPU has it).
+/// The highest level this CPU executes for this kernel, whatever `PPL_ISA` says: the float
+/// kernels' level, capped at AVX-512 (this kernel has no AVX-512 BF16 path).
 pub(crate) fn cpu_level() -> Isa {
-    #[cfg(target_arch = "x86_64")]
-    {
-        let avx2 = is_x86_feature_detected!("avx2")
-            && is_x86_feature_detected!("fma")
-            && is_x86_feature_detected!("f16c");
-        let avx512 = avx2 && is_x86_feature_detected!("avx512f");
-        match (avx2, avx512) {
-            (true, true) => Isa::Avx512,
-            (true, false) => Isa::Avx2,
-            _ => Isa::Portable,
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    Isa::Portable
+    super::half_driver::cpu_level().min(Isa::Avx512)
 }
 
 impl super::OwnMatrix for F32Matrix {

@@ -109,6 +109,34 @@ impl<T: Copy + Default + Send + Sync, const CHUNK: usize> ChunkPanels<T, CHUNK> 
     }
 }
 
+/// The highest level this CPU executes for the float kernels, whatever `PPL_ISA` says (tests
+/// ask for each level explicitly; the matrices follow [`super::isa`]): AVX2 with FMA and F16C,
+/// then AVX-512 F/BW/VL, then AVX-512 BF16 (used by the BF16 kernel alone; the others cap
+/// their level at AVX-512).
+pub(crate) fn cpu_level() -> Isa {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let avx2 = is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c");
+        let avx512 = avx2
+            && is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512vl");
+        if avx512 && is_x86_feature_detected!("avx512bf16") {
+            Isa::Avx512Bf16
+        } else if avx512 {
+            Isa::Avx512
+        } else if avx2 {
+            Isa::Avx2
+        } else {
+            Isa::Portable
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    Isa::Portable
+}
+
 /// What a float weight kernel supplies to [`matmul`].
 pub(crate) trait PanelKernel: Sync {
     /// The activations, packed in panels of [`PANEL`] rows.
