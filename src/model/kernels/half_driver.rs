@@ -116,13 +116,7 @@ impl<T: Copy + Default + Send + Sync, const CHUNK: usize> ChunkPanels<T, CHUNK> 
 pub(crate) fn cpu_level() -> Isa {
     #[cfg(target_arch = "x86_64")]
     {
-        let avx2 = is_x86_feature_detected!("avx2")
-            && is_x86_feature_detected!("fma")
-            && is_x86_feature_detected!("f16c");
-        let avx512 = avx2
-            && is_x86_feature_detected!("avx512f")
-            && is_x86_feature_detected!("avx512bw")
-            && is_x86_feature_detected!("avx512vl");
+        let (avx2, avx512) = super::avx2_and_avx512();
         if avx512 && is_x86_feature_detected!("avx512bf16") {
             Isa::Avx512Bf16
         } else if avx512 {

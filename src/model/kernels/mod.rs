@@ -188,17 +188,25 @@ impl Isa {
     }
 }
 
-/// What this CPU advertises (CPUID), before any cap.
+/// Whether CPUID advertises AVX2 with FMA and F16C, and on top of it AVX-512 F/BW/VL: the
+/// base of every kernel family's level (the integer kernels add VNNI, BF16 adds its own).
 #[cfg(target_arch = "x86_64")]
-fn advertised() -> Isa {
+pub(crate) fn avx2_and_avx512() -> (bool, bool) {
     let avx2 = is_x86_feature_detected!("avx2")
         && is_x86_feature_detected!("fma")
         && is_x86_feature_detected!("f16c");
     let avx512 = avx2
         && is_x86_feature_detected!("avx512f")
         && is_x86_feature_detected!("avx512bw")
-        && is_x86_feature_detected!("avx512vl")
-        && is_x86_feature_detected!("avx512vnni");
+        && is_x86_feature_detected!("avx512vl");
+    (avx2, avx512)
+}
+
+/// What this CPU advertises (CPUID), before any cap.
+#[cfg(target_arch = "x86_64")]
+fn advertised() -> Isa {
+    let (avx2, avx512) = avx2_and_avx512();
+    let avx512 = avx512 && is_x86_feature_detected!("avx512vnni");
     let bf16 = avx512 && is_x86_feature_detected!("avx512bf16");
     if bf16 && amx_advertised() {
         return Isa::Amx;
