@@ -27,6 +27,8 @@ thread_local! {
     /// A task's scores `[QUERY_BLOCK][cols]`, kept per thread (1 MiB at t = 8192): written by
     /// the score pass before anything reads them.
     static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// A task's outputs `[QUERY_BLOCK][d]`, before they are copied to their rows.
+    static OUTPUT: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// `keys` in blocks of [`KEY_BLOCK`] (aligned to it).
@@ -124,10 +126,15 @@ fn causal_attention_with(
                 }
             }
         });
-    // Output per (sequence, head) first, [batch, heads, t, d]; interleaved at the end.
-    let mut out = vec![0f32; batch * heads * t * d];
+    // Each task computes its block of queries into a buffer of its thread and copies the
+    // rows to their places in `[batch, t, heads·d]` (an intermediate `[batch, heads, t, d]`
+    // output, zeroed, then interleaved by a second pass, was a seventh of the attention time
+    // in zeroing, page faults and copying).
+    let len = batch * heads * t * d;
+    let mut y: Vec<f32> = Vec::with_capacity(len);
+    let rows = RowsOut(y.as_mut_ptr());
     let rep = heads / kv_heads;
-    out.par_chunks_mut(t * d).enumerate().for_each(|(bh, out)| {
+    (0..batch * heads).into_par_iter().for_each(|bh| {
         let (b, h) = (bh / heads, bh % heads);
         let kv = b * kv_heads + h / rep;
         let head = Head {
@@ -140,20 +147,42 @@ fn causal_attention_with(
             window,
             isa,
         };
-        out.par_chunks_mut(QUERY_BLOCK * d)
-            .enumerate()
-            .for_each(|(blk, out)| head.queries(blk * QUERY_BLOCK, out));
+        (0..t.div_ceil(QUERY_BLOCK))
+            .into_par_iter()
+            .for_each(|blk| {
+                let i0 = blk * QUERY_BLOCK;
+                let n = QUERY_BLOCK.min(t - i0);
+                OUTPUT.with(|buffer| {
+                    let mut buffer = buffer.borrow_mut();
+                    buffer.resize(QUERY_BLOCK * d, 0.0);
+                    let out = &mut buffer[..n * d];
+                    head.queries(i0, out);
+                    for (i, row) in out.chunks_exact(d).enumerate() {
+                        let at = ((b * t + i0 + i) * heads + h) * d;
+                        // SAFETY: `at + d ≤ len`, and each (sequence, position, head) row is
+                        // written by exactly one task, once: the writes are disjoint.
+                        unsafe { std::ptr::copy_nonoverlapping(row.as_ptr(), rows.at(at), d) };
+                    }
+                });
+            });
     });
-    let mut y = vec![0f32; out.len()];
-    for b in 0..batch {
-        for h in 0..heads {
-            for i in 0..t {
-                let src = &out[((b * heads + h) * t + i) * d..][..d];
-                y[((b * t + i) * heads + h) * d..][..d].copy_from_slice(src);
-            }
-        }
-    }
+    // SAFETY: every row of every (sequence, position, head) was written above, `len` values.
+    unsafe { y.set_len(len) };
     y
+}
+
+/// The output's start, shared by the tasks that write its disjoint rows.
+struct RowsOut(*mut f32);
+
+// SAFETY: the tasks write disjoint rows through it (see `causal_attention_with`), and the
+// buffer outlives them.
+unsafe impl Sync for RowsOut {}
+
+impl RowsOut {
+    /// The pointer `at` values in (a method, so that closures capture the whole wrapper).
+    fn at(&self, at: usize) -> *mut f32 {
+        self.0.wrapping_add(at)
+    }
 }
 
 /// One (sequence, head): its queries, its KV head's transposed keys and values.
@@ -196,14 +225,17 @@ impl Head<'_> {
             });
             let groups: Vec<_> = groups.collect();
             let all = groups[0].2.start..groups[groups.len() - 1].2.end;
+            // Each query's largest scaled score over its visible keys, found as they are stored.
+            let mut maxima = [f32::NEG_INFINITY; QUERY_BLOCK];
             for block in key_blocks(all.clone()) {
-                for (&(first, live, ref keys), rows) in groups
+                for ((&(first, live, ref keys), rows), maxima) in groups
                     .iter()
                     .zip(scores.chunks_mut(QUERY_GROUP * self.cols))
+                    .zip(maxima.chunks_mut(QUERY_GROUP))
                 {
                     let keys = keys.start.max(block.start)..keys.end.min(block.end);
                     if !keys.is_empty() {
-                        self.scores(first, live, keys, rows);
+                        self.scores(first, live, keys, rows, maxima);
                     }
                 }
             }
@@ -215,7 +247,7 @@ impl Head<'_> {
                 .enumerate()
                 .map(|(r, row)| &mut row[self.visible(i0 + r)])
                 .collect();
-            softmax_rows(self.isa, &mut visible, self.scale);
+            softmax_rows(self.isa, &mut visible, &maxima[..n]);
             let mut probs = visible.into_iter().map(|row| &*row);
             let value_groups: Vec<ValueGroup<'_>> = groups
                 .iter()
@@ -243,25 +275,37 @@ impl Head<'_> {
         (i + 1).saturating_sub(self.window)..i + 1
     }
 
-    /// Raw scores `q_i·k_j` of queries `first..first + live` for keys `keys` into
-    /// `scores[r·cols + j]`.
-    fn scores(&self, first: usize, live: usize, keys: std::ops::Range<usize>, scores: &mut [f32]) {
+    /// Scaled scores `(q_i·k_j)·scale` of queries `first..first + live` for keys `keys` into
+    /// `scores[r·cols + j]`, and `maxima[r]` raised to the largest of them over query
+    /// `first + r`'s visible keys (NaN ignored, as `f32::max` does; the maximum of the other
+    /// values does not depend on the order they are compared in, a ±0 tie giving either zero,
+    /// which the softmax subtracts to the same differences). Found as the scores are stored:
+    /// a separate pass to scale them and find the maximum was a sixth of the attention time.
+    fn scores(
+        &self,
+        first: usize,
+        live: usize,
+        keys: std::ops::Range<usize>,
+        scores: &mut [f32],
+        maxima: &mut [f32],
+    ) {
+        assert!(maxima.len() >= live, "one maximum per query");
         #[cfg(target_arch = "x86_64")]
         {
             match self.isa.min(super::isa()) {
                 // SAFETY: AVX-512F, AVX2 and FMA were detected and seen to execute; the ranges
                 // are in bounds (keys ⊆ 0..cols, queries < t) and checked inside.
                 super::Isa::Avx512 | super::Isa::Avx512Bf16 | super::Isa::Amx => {
-                    return unsafe { avx512::scores(self, first, live, keys, scores) }
+                    return unsafe { avx512::scores(self, first, live, keys, scores, maxima) }
                 }
                 // SAFETY: as above, for AVX2 and FMA.
                 super::Isa::Avx2 => {
-                    return unsafe { avx2::scores(self, first, live, keys, scores) }
+                    return unsafe { avx2::scores(self, first, live, keys, scores, maxima) }
                 }
                 super::Isa::Portable => {}
             }
         }
-        self.scores_portable(first, live, keys, scores)
+        self.scores_portable(first, live, keys, scores, maxima)
     }
 
     /// The same operations as the AVX2 and AVX-512 versions, one score at a time.
@@ -271,28 +315,45 @@ impl Head<'_> {
         live: usize,
         keys: std::ops::Range<usize>,
         scores: &mut [f32],
+        maxima: &mut [f32],
     ) {
         for r in 0..live {
             let q = &self.q[(first + r) * self.d..][..self.d];
+            let visible = self.visible(first + r);
             for j in keys.clone() {
                 let mut s = 0f32;
                 for (dd, &qd) in q.iter().enumerate() {
                     s = qd.mul_add(self.kt[kt_index(self.d, j, dd)], s);
                 }
+                let s = s * self.scale;
                 scores[r * self.cols + j] = s;
+                if visible.contains(&j) {
+                    maxima[r] = maxima[r].max(s);
+                }
             }
         }
     }
 }
 
-/// In place, per row: `s·scale`, minus the row's max, exponentiated, divided by their sum
-/// in key order. The rows' sums are independent chains and run interleaved, eight at a time,
-/// so that their additions overlap (one sequential chain per row was a tenth of the attention
-/// time; four at a time still waited on the adder's latency).
-fn softmax_rows(isa: super::Isa, rows: &mut [&mut [f32]], scale: f32) {
+/// Which of the `lanes` (at most 16) keys from `j0` lie in `visible`: bit `l` for key `j0 + l`.
+#[inline(always)]
+fn visible_lanes(j0: usize, lanes: usize, visible: &std::ops::Range<usize>) -> u32 {
+    let lo = visible.start.saturating_sub(j0).min(lanes);
+    let hi = visible.end.saturating_sub(j0).min(lanes);
+    if hi <= lo {
+        0
+    } else {
+        ((1u32 << hi) - 1) & !((1u32 << lo) - 1)
+    }
+}
+
+/// In place, per row of scaled scores: minus the row's maximum (`maxima`), exponentiated,
+/// divided by their sum in key order. The rows' sums are independent chains and run
+/// interleaved, eight at a time, so that their additions overlap (one sequential chain per
+/// row was a tenth of the attention time; four at a time still waited on the adder's latency).
+fn softmax_rows(isa: super::Isa, rows: &mut [&mut [f32]], maxima: &[f32]) {
     const CHAINS: usize = 8;
-    for row in rows.iter_mut() {
-        let max = scale_and_max(isa, row, scale);
+    for (row, &max) in rows.iter_mut().zip(maxima) {
         super::math::exp_shifted_in_place_with(isa, row, max);
     }
     for rows in rows.chunks_mut(CHAINS) {
@@ -346,26 +407,6 @@ fn divide(isa: super::Isa, row: &mut [f32], divisor: f32) {
     for s in row.iter_mut() {
         *s /= divisor;
     }
-}
-
-/// `s *= scale` in place; returns the largest `s` (−∞ for an empty row). The maximum of the
-/// non-NaN values does not depend on the order of comparison (a ±0 tie gives either zero,
-/// which subtracts to the same differences), so the SIMD version returns the same value.
-fn scale_and_max(isa: super::Isa, row: &mut [f32], scale: f32) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if isa.min(super::isa()) >= super::Isa::Avx2 {
-            // SAFETY: AVX2 was detected and seen to execute.
-            return unsafe { avx2::scale_and_max(row, scale) };
-        }
-    }
-    let _ = isa;
-    let mut max = f32::NEG_INFINITY;
-    for s in row.iter_mut() {
-        *s *= scale;
-        max = max.max(*s);
-    }
-    max
 }
 
 /// A query group's probabilities and the keys each query sees (`start[r]..end[r]`, within
@@ -439,11 +480,13 @@ fn weighted_values(
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{kt_index, Head, ValueGroup, KEY_LANES, KEY_TILE, QUERY_GROUP};
+    use super::{kt_index, visible_lanes, Head, ValueGroup, KEY_LANES, KEY_TILE, QUERY_GROUP};
     use std::arch::x86_64::*;
 
     /// Scores of up to four queries against 16 keys at a time: per head dimension one load
-    /// of each 8-key vector of `Kᵀ`, one broadcast per query, eight FMAs.
+    /// of each 8-key vector of `Kᵀ`, one broadcast per query, eight FMAs; then the scale and
+    /// the running maxima over the visible keys (eight lanes each, NaN ignored as `maxps`
+    /// keeps its second operand, the maximum so far, never NaN).
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn scores(
         h: &Head<'_>,
@@ -451,6 +494,7 @@ mod avx2 {
         live: usize,
         keys: std::ops::Range<usize>,
         scores: &mut [f32],
+        maxima: &mut [f32],
     ) {
         let (d, cols) = (h.d, h.cols);
         assert!(keys.end <= cols && keys.start.is_multiple_of(2 * KEY_LANES));
@@ -461,6 +505,11 @@ mod avx2 {
         let qrow: [*const f32; QUERY_GROUP] =
             std::array::from_fn(|r| h.q.as_ptr().add((first + r.min(live - 1)) * d));
         let kt = h.kt.as_ptr();
+        let scale = _mm256_set1_ps(h.scale);
+        let none = _mm256_set1_ps(f32::NEG_INFINITY);
+        let lane_bits = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+        let visible: [_; QUERY_GROUP] = std::array::from_fn(|r| h.visible(first + r));
+        let mut max = [none; QUERY_GROUP];
         for j in keys.step_by(2 * KEY_LANES) {
             let mut acc = [[_mm256_setzero_ps(); 2]; QUERY_GROUP];
             let tile = kt.add(kt_index(d, j, 0));
@@ -475,32 +524,24 @@ mod avx2 {
             }
             for (r, acc_r) in acc.iter().enumerate().take(live) {
                 let out = scores.as_mut_ptr().add(r * cols + j);
-                _mm256_storeu_ps(out, acc_r[0]);
-                _mm256_storeu_ps(out.add(KEY_LANES), acc_r[1]);
+                for (v, a) in acc_r.iter().enumerate() {
+                    let x = _mm256_mul_ps(*a, scale);
+                    _mm256_storeu_ps(out.add(v * KEY_LANES), x);
+                    let bits = visible_lanes(j + v * KEY_LANES, KEY_LANES, &visible[r]);
+                    let keep = _mm256_cmpeq_epi32(
+                        _mm256_and_si256(_mm256_set1_epi32(bits as i32), lane_bits),
+                        lane_bits,
+                    );
+                    max[r] =
+                        _mm256_max_ps(_mm256_blendv_ps(none, x, _mm256_castsi256_ps(keep)), max[r]);
+                }
             }
         }
-    }
-
-    /// [`super::scale_and_max`]: eight running maxima, each ignoring NaN as `f32::max` does
-    /// (`maxps` returns its second operand when either is NaN).
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn scale_and_max(row: &mut [f32], scale: f32) -> f32 {
-        let sc = _mm256_set1_ps(scale);
-        let mut m = _mm256_set1_ps(f32::NEG_INFINITY);
-        let mut chunks = row.chunks_exact_mut(8);
-        for c in &mut chunks {
-            let x = _mm256_mul_ps(_mm256_loadu_ps(c.as_ptr()), sc);
-            _mm256_storeu_ps(c.as_mut_ptr(), x);
-            m = _mm256_max_ps(x, m);
+        for (r, m) in max.iter().enumerate().take(live) {
+            let mut lanes = [0f32; KEY_LANES];
+            _mm256_storeu_ps(lanes.as_mut_ptr(), *m);
+            maxima[r] = lanes.iter().fold(maxima[r], |a, &l| a.max(l));
         }
-        let mut lanes = [0f32; 8];
-        _mm256_storeu_ps(lanes.as_mut_ptr(), m);
-        let mut max = lanes.iter().fold(f32::NEG_INFINITY, |a, &l| a.max(l));
-        for s in chunks.into_remainder() {
-            *s *= scale;
-            max = max.max(*s);
-        }
-        max
     }
 
     /// [`super::weighted_values`] 16 columns (two vectors) at a time for the four queries:
@@ -613,30 +654,74 @@ mod tests {
         y
     }
 
-    /// The SIMD level scales each score to the same bits and finds the same maximum as the
-    /// portable one, on rows of every length around the vector sizes, with NaNs, ±0 and
-    /// infinities.
+    /// Every level stores the same scaled scores and finds the same maxima over each query's
+    /// visible keys (a sliding window included) as the portable definition, whether a
+    /// query's keys come in one call or in two: with NaN and infinite keys, an all-zero query
+    /// (every score ±0, by the sign of the scale) and queries whose visible keys begin or end
+    /// inside a vector.
     #[test]
-    fn scale_and_max_is_the_same_at_every_level() {
+    fn scores_and_maxima_are_the_same_at_every_level() {
+        use super::super::panel::tests::available_isas;
         let mut seed = 7;
-        for len in [0, 1, 15, 16, 17, 63, 64, 65, 130, 257] {
-            for special in [None, Some(f32::NAN), Some(-0.0), Some(f32::INFINITY)] {
-                let row: Vec<f32> = (0..len)
-                    .map(|i| match special {
-                        Some(x) if i % 7 == 3 => x,
-                        _ => lcg(&mut seed) * 20.0 - 10.0,
-                    })
-                    .collect();
-                let mut want = row.clone();
-                let max = scale_and_max(super::super::Isa::Portable, &mut want, 0.125);
-                let mut got = row.clone();
-                let m = scale_and_max(super::super::Isa::Avx2, &mut got, 0.125);
-                assert_eq!(m.to_bits(), max.to_bits(), "len {len} {special:?}");
-                let same = got
-                    .iter()
-                    .zip(&want)
-                    .all(|(a, b)| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()));
-                assert!(same, "len {len}");
+        let (t, d, cols) = (70, 16, 80);
+        let mut q: Vec<f32> = (0..t * d).map(|_| lcg(&mut seed) * 4.0 - 2.0).collect();
+        q[21 * d..22 * d].fill(0.0);
+        let mut kt = vec![0f32; d * cols];
+        for j in 0..t {
+            for dd in 0..d {
+                kt[kt_index(d, j, dd)] = match (j % 23, dd) {
+                    (5, 3) => f32::NAN,
+                    (9, 0) => f32::INFINITY,
+                    _ => lcg(&mut seed) * 2.0 - 1.0,
+                };
+            }
+        }
+        let same = |a: f32, b: f32| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
+        for (scale, window) in [(0.3, usize::MAX), (-0.25, 5), (0.125, 17)] {
+            for isa in available_isas() {
+                let head = Head {
+                    q: &q,
+                    kt: &kt,
+                    v: &[],
+                    d,
+                    cols,
+                    scale,
+                    window,
+                    isa,
+                };
+                for (first, live) in [
+                    (0usize, 4usize),
+                    (17, 4),
+                    (20, 3),
+                    (37, 4),
+                    (66, 4),
+                    (69, 1),
+                ] {
+                    let lo = (first + 1).saturating_sub(window) / 16 * 16;
+                    let hi = (first + live).div_ceil(16) * 16;
+                    let mid = (lo + hi) / 32 * 16;
+                    let mut want = (vec![0f32; QUERY_GROUP * cols], [f32::NEG_INFINITY; 4]);
+                    head.scores_portable(first, live, lo..hi, &mut want.0, &mut want.1);
+                    let mut got = (vec![0f32; QUERY_GROUP * cols], [f32::NEG_INFINITY; 4]);
+                    head.scores(first, live, lo..mid, &mut got.0, &mut got.1);
+                    head.scores(first, live, mid..hi, &mut got.0, &mut got.1);
+                    for r in 0..live {
+                        let visible = head.visible(first + r);
+                        let max = want.0[r * cols..][visible]
+                            .iter()
+                            .fold(f32::NEG_INFINITY, |m, &s| m.max(s));
+                        let at =
+                            format!("{isa:?} scale {scale} window {window} query {}", first + r);
+                        assert!(same(want.1[r], max), "portable maximum, {at}");
+                        assert!(same(got.1[r], max), "maximum, {at}");
+                        let row = |x: &[f32]| x[r * cols + lo..r * cols + hi].to_vec();
+                        let equal = row(&got.0)
+                            .iter()
+                            .zip(&row(&want.0))
+                            .all(|(&a, &b)| same(a, b));
+                        assert!(equal, "scores, {at}");
+                    }
+                }
             }
         }
     }
@@ -756,7 +841,11 @@ mod tests {
         let q: Vec<f32> = (0..s.q_len()).map(|_| lcg(&mut seed)).collect();
         let k: Vec<f32> = (0..s.kv_len()).map(|_| lcg(&mut seed)).collect();
         let v: Vec<f32> = (0..s.kv_len()).map(|_| lcg(&mut seed)).collect();
-        let best = (0..3)
+        let reps = std::env::var("PPL_BENCH_REPS")
+            .ok()
+            .and_then(|r| r.parse().ok())
+            .unwrap_or(3);
+        let best = (0..reps)
             .map(|_| {
                 let t = std::time::Instant::now();
                 std::hint::black_box(causal_attention(&q, &k, &v, s, 0.125, None));
@@ -805,8 +894,10 @@ mod tests {
                 for keys in [0..cols, 16..cols, 0..16, 32..48] {
                     s1.fill(0.0);
                     s2.fill(0.0);
-                    head.scores(first, live, keys.clone(), &mut s1);
-                    head.scores_portable(first, live, keys, &mut s2);
+                    let (mut m1, mut m2) = ([f32::NEG_INFINITY; 4], [f32::NEG_INFINITY; 4]);
+                    head.scores(first, live, keys.clone(), &mut s1, &mut m1);
+                    head.scores_portable(first, live, keys, &mut s2, &mut m2);
+                    assert_eq!(m1.map(f32::to_bits), m2.map(f32::to_bits), "{isa:?}");
                     assert_eq!(s1, s2, "{isa:?}");
                 }
             }

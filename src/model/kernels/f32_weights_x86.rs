@@ -103,14 +103,21 @@ pub(super) mod avx512 {
                 }
             }
         }
-        for ch in job.chunks.clone() {
-            let wv: [__m512; C] = std::array::from_fn(|i| weights_x2(w.add(i * k + ch * LANES)));
+        // One pointer per weight row and indexed loads from them. Without `black_box` the
+        // compiler derived each row's address from the previous one's every chunk (five adds
+        // per chunk beside the 24 FMAs; the kernel alone measured about 3% faster without).
+        let rows: [*const f32; C] =
+            std::array::from_fn(|i| std::hint::black_box(w.add(i * k + job.chunks.start * LANES)));
+        let mut xp = x.add(job.chunks.start * PANEL * LANES);
+        for step in 0..job.chunks.len() {
+            let wv: [__m512; C] = std::array::from_fn(|i| weights_x2(rows[i].add(step * LANES)));
             for (q, sums_q) in sums.iter_mut().enumerate() {
-                let xv = _mm512_loadu_ps(x.add((ch * PANEL + 2 * q) * LANES));
+                let xv = _mm512_loadu_ps(xp.add(2 * q * LANES));
                 for (s, v) in sums_q.iter_mut().zip(&wv) {
                     *s = _mm512_fmadd_ps(*v, xv, *s);
                 }
             }
+            xp = xp.add(PANEL * LANES);
         }
         for (q, sums_q) in sums.iter().enumerate() {
             for (c, s) in sums_q.iter().enumerate() {

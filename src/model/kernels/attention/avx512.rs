@@ -2,13 +2,15 @@
 //! sum of values over a whole query group, each output element computed by the same chain of
 //! operations as the portable definition.
 
-use super::{kt_index, Head, ValueGroup, KEY_LANES, KEY_TILE, QUERY_GROUP};
+use super::{kt_index, visible_lanes, Head, ValueGroup, KEY_LANES, KEY_TILE, QUERY_GROUP};
 use std::arch::x86_64::*;
 
 /// The AVX2 `scores` on 16-key zmm vectors: each score is still its own FMA chain over
 /// the head dimension in order. Four vectors (64 keys) per query while the range allows:
 /// sixteen independent chains, and half a load per FMA (two vectors: eight chains, three
-/// quarters of a load per FMA).
+/// quarters of a load per FMA). Each score is scaled as it is stored, and each query keeps
+/// sixteen running maxima of its visible keys' (`maxps` ignores a NaN score: it returns its
+/// second operand, the maximum so far, which is never NaN).
 #[target_feature(enable = "avx512f,avx2,fma")]
 pub(super) unsafe fn scores(
     h: &Head<'_>,
@@ -16,6 +18,7 @@ pub(super) unsafe fn scores(
     live: usize,
     keys: std::ops::Range<usize>,
     scores: &mut [f32],
+    maxima: &mut [f32],
 ) {
     let (d, cols) = (h.d, h.cols);
     assert!(keys.end <= cols && keys.start.is_multiple_of(2 * KEY_LANES));
@@ -23,22 +26,40 @@ pub(super) unsafe fn scores(
     assert!(h.q.len() >= (first + live) * d && h.kt.len() >= d * cols);
     assert!(live <= QUERY_GROUP && scores.len() >= QUERY_GROUP * cols);
     // Rows past `live` repeat the last query (their scores are not used).
-    let qrow: [*const f32; QUERY_GROUP] =
-        std::array::from_fn(|r| h.q.as_ptr().add((first + r.min(live - 1)) * d));
+    let mut group = Group {
+        qrow: std::array::from_fn(|r| h.q.as_ptr().add((first + r.min(live - 1)) * d)),
+        live,
+        visible: std::array::from_fn(|r| h.visible(first + r)),
+        scale: _mm512_set1_ps(h.scale),
+        max: [_mm512_set1_ps(f32::NEG_INFINITY); QUERY_GROUP],
+    };
     let mut j = keys.start;
     while j < keys.end {
         // SAFETY: the asserts above bound every read and write.
         if j + 8 * KEY_LANES <= keys.end {
-            key_block::<4>(h, &qrow, live, j, scores);
+            key_block::<4>(h, &mut group, j, scores);
             j += 8 * KEY_LANES;
         } else if j + 4 * KEY_LANES <= keys.end {
-            key_block::<2>(h, &qrow, live, j, scores);
+            key_block::<2>(h, &mut group, j, scores);
             j += 4 * KEY_LANES;
         } else {
-            key_block::<1>(h, &qrow, live, j, scores);
+            key_block::<1>(h, &mut group, j, scores);
             j += 2 * KEY_LANES;
         }
     }
+    for (m, &lanes) in maxima.iter_mut().zip(&group.max).take(live) {
+        *m = m.max(_mm512_reduce_max_ps(lanes));
+    }
+}
+
+/// A query group of [`scores`]: its queries' rows (rows past `live` repeat the last query;
+/// their scores are not used), visible keys, the scale and the running maxima.
+struct Group {
+    qrow: [*const f32; QUERY_GROUP],
+    live: usize,
+    visible: [std::ops::Range<usize>; QUERY_GROUP],
+    scale: __m512,
+    max: [__m512; QUERY_GROUP],
 }
 
 /// [`super::weighted_values`] 64 columns (four vectors) at a time for the four queries:
@@ -122,15 +143,9 @@ unsafe fn columns<const V: usize>(
     }
 }
 
-/// Scores of the group for the `16·V` keys from `j`.
+/// Scaled scores of the group for the `16·V` keys from `j`, and its maxima raised.
 #[target_feature(enable = "avx512f")]
-unsafe fn key_block<const V: usize>(
-    h: &Head<'_>,
-    qrow: &[*const f32; QUERY_GROUP],
-    live: usize,
-    j: usize,
-    scores: &mut [f32],
-) {
+unsafe fn key_block<const V: usize>(h: &Head<'_>, g: &mut Group, j: usize, scores: &mut [f32]) {
     let (d, cols) = (h.d, h.cols);
     // Tile `v` holds keys `j + 16·v ..` (16 = KEY_TILE: one vector per row of a tile).
     let tiles: [*const f32; V] =
@@ -139,16 +154,19 @@ unsafe fn key_block<const V: usize>(
     for dd in 0..d {
         let k: [__m512; V] = std::array::from_fn(|v| _mm512_loadu_ps(tiles[v].add(dd * KEY_TILE)));
         for (r, acc_r) in acc.iter_mut().enumerate() {
-            let qv = _mm512_set1_ps(*qrow[r].add(dd));
+            let qv = _mm512_set1_ps(*g.qrow[r].add(dd));
             for (a, kv) in acc_r.iter_mut().zip(&k) {
                 *a = _mm512_fmadd_ps(qv, *kv, *a);
             }
         }
     }
-    for (r, acc_r) in acc.iter().enumerate().take(live) {
+    for (r, acc_r) in acc.iter().enumerate().take(g.live) {
         let out = scores.as_mut_ptr().add(r * cols + j);
         for (v, a) in acc_r.iter().enumerate() {
-            _mm512_storeu_ps(out.add(16 * v), *a);
+            let x = _mm512_mul_ps(*a, g.scale);
+            _mm512_storeu_ps(out.add(16 * v), x);
+            let lanes = visible_lanes(j + 16 * v, 16, &g.visible[r]) as __mmask16;
+            g.max[r] = _mm512_mask_max_ps(g.max[r], lanes, x, g.max[r]);
         }
     }
 }
