@@ -81,32 +81,24 @@ pub trait Activations: Sync + Sized {
 pub(crate) const MINIMA: usize = 2 * GROUP;
 
 /// Activations in Q8_0 (32-value blocks, llama.cpp's `quantize_row_q8_0`/`q8_1` values and
-/// scales: [`panel::Panels`]) with each block's integer sum, for Q4_0, Q4_1, Q8_0 and Q5_0
+/// scales, with each block's integer sum: [`panel::Panels`]), for Q4_0, Q4_1, Q8_0 and Q5_0
 /// weights.
 pub struct Q8Panels {
     panels: Panels,
-    sums: Vec<i32>,
 }
 
-/// One panel of [`Q8Panels`]: entry `b·PANEL + r` is row `r`'s block `b`.
-#[derive(Clone, Copy)]
-pub struct Q8Panel<'a> {
-    pub qs: &'a [[i8; BLOCK]],
-    pub d: &'a [f32],
-    /// Q8_1's `s = d·Σq_a`, rounded to f16 (Q4_1's minima meet it).
-    pub s: &'a [f32],
-    /// `Σ q_a` of the block.
-    pub sums: &'a [i32],
-}
+/// One panel of [`Q8Panels`]: entry `b·PANEL + r` is row `r`'s block `b` (its values, `d`,
+/// Q8_1's `s = d·Σq_a` rounded to f16, which Q4_1's minima meet, and `Σ q_a`).
+pub type Q8Panel<'a> = panel::PanelRef<'a>;
 
 impl Activations for Q8Panels {
     type Panel<'a> = Q8Panel<'a>;
     const BLOCK: usize = BLOCK;
 
     fn quantize(x: &[f32], m: usize, k: usize) -> Self {
-        let panels = Panels::quantize(x, m, k);
-        let sums = panel::block_sums(&panels, m);
-        Self { panels, sums }
+        Self {
+            panels: Panels::quantize(x, m, k),
+        }
     }
 
     fn shared<'s>(input: &'s SharedInput<'_>, k: usize) -> &'s Self {
@@ -114,14 +106,7 @@ impl Activations for Q8Panels {
     }
 
     fn panel(&self, p: usize) -> Q8Panel<'_> {
-        let a = self.panels.panel(p);
-        let per_panel = self.panels.blocks_per_row() * PANEL;
-        Q8Panel {
-            qs: a.qs,
-            d: a.d,
-            s: a.s,
-            sums: &self.sums[p * per_panel..][..per_panel],
-        }
+        self.panels.panel(p)
     }
 
     fn holds(a: &Q8Panel<'_>, nb: usize) -> bool {
