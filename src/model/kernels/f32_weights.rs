@@ -136,8 +136,9 @@ impl PanelKernel for F32Matrix {
     const CHUNK: usize = LANES;
     /// 32 KiB of a panel's rows, in a 48 KiB L1. 512 (16 KiB) cut SmolLM2's 576-value rows
     /// into a pass of 64 chunks and one of 8, the short one spending as much on its 24 sums'
-    /// loads and stores as on arithmetic; 1024 ran its matmuls 1.05–1.09× faster (best of 40
-    /// runs each, alternating; the order of each lane's additions is the same either way).
+    /// loads and stores as on arithmetic; 1024 ran its 576-wide matmuls 1.05–1.09× faster and
+    /// the 1536-wide one 0.97× (best of 40 runs each, alternating; the order of each lane's
+    /// additions is the same either way).
     const K_SLICE: usize = 1024;
 
     fn shape(&self) -> (usize, usize) {
