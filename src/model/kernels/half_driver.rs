@@ -223,12 +223,14 @@ fn fill<K: PanelKernel>(
                 (j0, part)
             })
             .collect();
-        for (j0, part) in parts {
-            let w = part.len() / m;
-            for (row, src) in part.chunks_exact(w).enumerate() {
-                write_all(&mut out[row * n + j0..][..w], src);
+        // Output row by output row, in parallel (one thread copying was 12.6 MB per block of
+        // SmolLM2's logits while the others waited).
+        out.par_chunks_mut(n).enumerate().for_each(|(row, dst)| {
+            for (j0, part) in &parts {
+                let w = part.len() / m;
+                write_all(&mut dst[*j0..][..w], &part[row * w..][..w]);
             }
-        }
+        });
     }
 }
 
