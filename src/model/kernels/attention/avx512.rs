@@ -9,8 +9,8 @@ use std::arch::x86_64::*;
 /// the head dimension in order. Four vectors (64 keys) per query while the range allows:
 /// sixteen independent chains, and half a load per FMA (two vectors: eight chains, three
 /// quarters of a load per FMA). Each score is scaled as it is stored, and each query keeps
-/// sixteen running maxima of its visible keys' (`maxps` ignores a NaN score: it returns its
-/// second operand, the maximum so far, which is never NaN).
+/// sixteen running maxima over its visible keys' scores (`maxps` ignores a NaN score: it
+/// returns its second operand, the maximum so far, which is never NaN).
 #[target_feature(enable = "avx512f,avx2,fma")]
 pub(super) unsafe fn scores(
     h: &Head<'_>,
