@@ -815,7 +815,8 @@ mod tests {
     }
 
     /// Time of one Llama-3.2-1B layer's attention (32 heads, 8 KV heads, d 64, t 512 or
-    /// `PPL_BENCH_T`) at the process's level; compare with `PPL_ISA=avx2`:
+    /// `PPL_BENCH_T`) at the process's level, the fastest of `PPL_BENCH_REPS` runs (default 3);
+    /// compare with `PPL_ISA=avx2`:
     /// `cargo test --release --lib attention::tests::throughput -- --ignored --nocapture`.
     #[test]
     #[ignore]
