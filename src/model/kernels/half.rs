@@ -27,7 +27,7 @@ use super::panel::hsum8;
 use super::Isa;
 
 pub use super::half_driver::PANEL;
-use super::half_driver::{ChunkPanel, ChunkPanels, Lanes, PanelKernel, Pass, LANES};
+use super::half_driver::{ChunkPanel, ChunkPanels, Lanes, OutBlock, PanelKernel, Pass, LANES};
 
 /// Which 16-bit float the weights (and the rounded activations) are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -217,22 +217,21 @@ pub(crate) fn reduce(lanes: &Lanes, isa: Isa) -> [f32; PANEL] {
 }
 
 /// Where [`write_sums`] puts its outputs: weight row `c`'s output for panel row `r` is
-/// `out[first + r · stride + c]`.
-pub(crate) struct SumsOut<'a> {
-    pub out: &'a mut [std::mem::MaybeUninit<f32>],
-    pub first: usize,
-    pub stride: usize,
+/// `out`'s value (`row0 + r`, `col0 + c`).
+pub(crate) struct SumsOut {
+    pub out: OutBlock,
+    pub row0: usize,
+    pub col0: usize,
 }
 
 /// Every weight row's sums of lanes (`acc[c]`) for the first `live` panel rows, each in
 /// ggml's `hsum_float_8` order ([`reduce`]'s sums), written to `dst`.
-pub(crate) fn write_sums(acc: &[Lanes], live: usize, dst: SumsOut<'_>, isa: Isa) {
+pub(crate) fn write_sums(acc: &[Lanes], live: usize, dst: SumsOut, isa: Isa) {
     assert!(live <= PANEL);
-    if let Some(c) = acc.len().checked_sub(1) {
-        if live > 0 {
-            assert!(dst.first + (live - 1) * dst.stride + c < dst.out.len());
-        }
+    if acc.is_empty() || live == 0 {
+        return;
     }
+    assert!(dst.row0 + live <= dst.out.rows() && dst.col0 + acc.len() <= dst.out.width());
     #[cfg(target_arch = "x86_64")]
     {
         if isa >= Isa::Avx2 {
@@ -245,7 +244,8 @@ pub(crate) fn write_sums(acc: &[Lanes], live: usize, dst: SumsOut<'_>, isa: Isa)
     for (c, lanes) in acc.iter().enumerate() {
         for r in 0..live {
             let sum = hsum8(lanes[r * LANES..][..LANES].try_into().expect("8 lanes"));
-            dst.out[dst.first + r * dst.stride + c].write(sum);
+            // SAFETY: inside the block (checked above), which this task alone writes.
+            unsafe { dst.out.at(dst.row0 + r, dst.col0 + c).write(sum) };
         }
     }
 }

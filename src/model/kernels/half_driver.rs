@@ -187,64 +187,108 @@ fn fill<K: PanelKernel>(
     let n = kernel.shape().0;
     let panels = K::panel_count(a);
     let threads = rayon::current_num_threads().max(1);
+    let whole = OutBlock::of(out, n);
     if panels >= PANELS_PER_THREAD * threads {
         // One contiguous run of panels per thread: each streams the weights through its
         // cache once per weight block.
         let per_task = panels.div_ceil(threads);
-        out.par_chunks_mut(per_task * PANEL * n)
-            .enumerate()
-            .for_each(|(t, out)| {
-                let first = t * per_task;
-                let count = (out.len() / n).div_ceil(PANEL);
-                block(kernel, a, first..first + count, 0..n, isa, out);
-            });
-    } else {
-        // Few rows: the threads split the weight rows instead (evenly, whatever the number
-        // of panels).
-        let per_task = n.div_ceil(threads).next_multiple_of(ROW_GROUP);
-        let parts: Vec<(usize, Vec<f32>)> = (0..n)
+        (0..panels)
             .step_by(per_task)
             .collect::<Vec<_>>()
             .into_par_iter()
-            .map(|j0| {
+            .for_each(|p0| {
+                let ps = p0..(p0 + per_task).min(panels);
+                // SAFETY: the tasks' runs of panels, hence of output rows, are disjoint.
+                let out = unsafe { whole.part(p0 * PANEL..(ps.end * PANEL).min(m), 0..n) };
+                block(kernel, a, ps, 0..n, isa, out);
+            });
+    } else {
+        // Few rows: the threads split the weight rows instead (evenly, whatever the number
+        // of panels), each writing its columns of every output row in place (a part per
+        // thread copied in afterwards was a fresh 6 MB per thread per block of SmolLM2's
+        // logits, page faults and all, and a second pass over them).
+        let per_task = n.div_ceil(threads).next_multiple_of(ROW_GROUP);
+        (0..n)
+            .step_by(per_task)
+            .collect::<Vec<_>>()
+            .into_par_iter()
+            .for_each(|j0| {
                 let cols = j0..(j0 + per_task).min(n);
-                let len = m * cols.len();
-                let mut part = Vec::with_capacity(len);
-                block(
-                    kernel,
-                    a,
-                    0..panels,
-                    cols,
-                    isa,
-                    &mut part.spare_capacity_mut()[..len],
-                );
-                // SAFETY: `block` wrote every value of its `m` rows × `cols`.
-                unsafe { part.set_len(len) };
-                (j0, part)
-            })
-            .collect();
-        // Output row by output row, in parallel (one thread copying was 12.6 MB per block of
-        // SmolLM2's logits while the others waited).
-        out.par_chunks_mut(n).enumerate().for_each(|(row, dst)| {
-            for (j0, part) in &parts {
-                let w = part.len() / m;
-                write_all(&mut dst[*j0..][..w], &part[row * w..][..w]);
-            }
-        });
+                // SAFETY: the tasks' columns are disjoint.
+                let out = unsafe { whole.part(0..m, cols.clone()) };
+                block(kernel, a, 0..panels, cols, isa, out);
+            });
     }
 }
 
-/// `dst = src` (equal lengths).
-fn write_all(dst: &mut [MaybeUninit<f32>], src: &[f32]) {
-    assert_eq!(dst.len(), src.len());
-    for (d, &s) in dst.iter_mut().zip(src) {
-        d.write(s);
+/// Where a task writes its outputs: `rows × width` values from `ptr`, each row `stride`
+/// values after the one before — a block of rows and columns of the whole output, beside
+/// other tasks' blocks (never overlapping them: see [`Self::part`]).
+#[derive(Clone, Copy)]
+pub(crate) struct OutBlock {
+    ptr: *mut f32,
+    rows: usize,
+    width: usize,
+    stride: usize,
+}
+
+// SAFETY: an `OutBlock` is a place to write, as `&mut [f32]` is; the tasks given parts of
+// one block write disjoint values (the callers of `part` promise it).
+unsafe impl Send for OutBlock {}
+unsafe impl Sync for OutBlock {}
+
+impl OutBlock {
+    /// All of `out`, `width` values per row.
+    pub(crate) fn of(out: &mut [MaybeUninit<f32>], width: usize) -> Self {
+        assert!(width > 0 && out.len().is_multiple_of(width));
+        Self {
+            ptr: out.as_mut_ptr().cast(),
+            rows: out.len() / width,
+            width,
+            stride: width,
+        }
+    }
+
+    /// Rows `rows` × columns `cols` of this block.
+    ///
+    /// # Safety
+    /// No two parts in use at once may share a value.
+    unsafe fn part(&self, rows: Range<usize>, cols: Range<usize>) -> Self {
+        assert!(rows.end <= self.rows && cols.end <= self.width);
+        Self {
+            // SAFETY: inside the block (asserted above).
+            ptr: unsafe { self.ptr.add(rows.start * self.stride + cols.start) },
+            rows: rows.len(),
+            width: cols.len(),
+            stride: self.stride,
+        }
+    }
+
+    pub(crate) fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub(crate) fn width(&self) -> usize {
+        self.width
+    }
+
+    /// Where value (`row`, `col`) lies; the caller keeps `row < rows`, `col < width`.
+    pub(crate) fn at(&self, row: usize, col: usize) -> *mut f32 {
+        debug_assert!(row < self.rows && col < self.width);
+        self.ptr.wrapping_add(row * self.stride + col)
+    }
+
+    /// Writes value (`row`, `col`).
+    fn write(&self, row: usize, col: usize, value: f32) {
+        assert!(row < self.rows && col < self.width);
+        // SAFETY: inside the block (asserted), which this task alone writes.
+        unsafe { self.at(row, col).write(value) }
     }
 }
 
-/// The outputs of panels `ps` × weight rows `cols` into `out` (row-major, `cols.len()` wide,
-/// starting at panel `ps.start`'s first row; rows past the activations absent): every value
-/// of `out` is written.
+/// The outputs of panels `ps` × weight rows `cols` into `out` (`cols.len()` wide, starting at
+/// panel `ps.start`'s first row; rows past the activations absent): every value of `out` is
+/// written.
 ///
 /// Blocking: a block of weight rows stays in L2 while each panel passes over it, and within a
 /// panel a slice of [`PanelKernel::K_SLICE`] values of its eight rows stays in L1 while every
@@ -256,11 +300,12 @@ fn block<K: PanelKernel>(
     ps: Range<usize>,
     cols: Range<usize>,
     isa: Isa,
-    out: &mut [MaybeUninit<f32>],
+    out: OutBlock,
 ) {
     let k = kernel.shape().1;
-    let (width, chunks) = (cols.len(), k / K::CHUNK);
-    let rows_here = out.len() / width;
+    let chunks = k / K::CHUNK;
+    assert_eq!(out.width(), cols.len());
+    let rows_here = out.rows();
     // At least eight row groups, so that each slice of a panel serves many weight rows (a
     // block larger than L2 then streams from L3, which keeps up with eight rows' arithmetic
     // per weight).
@@ -268,7 +313,7 @@ fn block<K: PanelKernel>(
     let per_block = (WEIGHT_BLOCK_BYTES / row_bytes.max(1)).clamp(8 * ROW_GROUP, 16 * ROW_GROUP)
         / ROW_GROUP
         * ROW_GROUP;
-    let mut acc = vec![[0f32; PANEL * LANES]; per_block.min(width)];
+    let mut acc = vec![[0f32; PANEL * LANES]; per_block.min(cols.len())];
     // Without tail values (`k` a multiple of the chunk, as in every real model) an output is
     // its lane sum: no per-output call.
     let tail = !k.is_multiple_of(K::CHUNK);
@@ -287,20 +332,16 @@ fn block<K: PanelKernel>(
                 pass.chunks = c0..(c0 + K::K_SLICE / K::CHUNK).min(chunks);
                 kernel.accumulate(&pass, isa, acc);
             }
-            let first = i * PANEL * width + js.start - cols.start;
+            let (row0, col0) = (i * PANEL, js.start - cols.start);
             if !tail {
-                let dst = SumsOut {
-                    out: &mut *out,
-                    first,
-                    stride: width,
-                };
+                let dst = SumsOut { out, row0, col0 };
                 write_sums(acc, pass.live, dst, isa);
                 continue;
             }
             for (c, lanes) in acc.iter().enumerate() {
                 let sums = super::half::reduce(lanes, isa);
                 for (r, &sum) in sums.iter().enumerate().take(pass.live) {
-                    out[first + r * width + c].write(kernel.finish(&pass, sum, c, r));
+                    out.write(row0 + r, col0 + c, kernel.finish(&pass, sum, c, r));
                 }
             }
         }

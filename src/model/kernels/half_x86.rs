@@ -114,20 +114,20 @@ pub(super) mod avx2 {
     /// # Safety
     /// The CPU must support AVX2; `dst` holds every output (checked by the caller).
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(in super::super) unsafe fn write_sums(acc: &[Lanes], live: usize, dst: SumsOut<'_>) {
-        let out = dst.out.as_mut_ptr() as *mut f32;
+    pub(in super::super) unsafe fn write_sums(acc: &[Lanes], live: usize, dst: SumsOut) {
+        let at = |r: usize, c: usize| dst.out.at(dst.row0 + r, dst.col0 + c);
         let grouped = acc.len() / PANEL * PANEL;
         for c in (0..grouped).step_by(PANEL) {
             for r in 0..live {
                 let v: [__m256; PANEL] =
                     std::array::from_fn(|i| _mm256_loadu_ps(acc[c + i].as_ptr().add(r * LANES)));
-                _mm256_storeu_ps(out.add(dst.first + r * dst.stride + c), hsum8_x8(v));
+                _mm256_storeu_ps(at(r, c), hsum8_x8(v));
             }
         }
         for (c, lanes) in acc.iter().enumerate().skip(grouped) {
             let sums = reduce(lanes);
             for (r, &sum) in sums.iter().enumerate().take(live) {
-                *out.add(dst.first + r * dst.stride + c) = sum;
+                *at(r, c) = sum;
             }
         }
     }
