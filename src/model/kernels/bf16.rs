@@ -35,7 +35,7 @@ use crate::model::mapped::MappedBytes;
 
 pub(crate) use super::half_driver::cpu_level;
 pub use super::half_driver::PANEL;
-use super::half_driver::{ChunkPanel, ChunkPanels, Lanes, PanelKernel, Pass, LANES};
+use super::half_driver::{accumulate_lanes, ChunkPanel, ChunkPanels, Lanes, PanelKernel, LANES};
 /// Values per chunk: two per lane.
 const CHUNK: usize = 2 * LANES;
 /// Smallest biased exponent of a weight kept (2⁻⁶⁴); smaller ones are held as zero.
@@ -219,8 +219,8 @@ impl Bf16Matrix {
 }
 
 impl PanelKernel for Bf16Matrix {
-    type Panels = Panels;
     type Weight = u16;
+    type Act = u16;
     const CHUNK: usize = CHUNK;
     /// 16 KiB of a panel's rows: L1.
     const K_SLICE: usize = 1024;
@@ -233,68 +233,22 @@ impl PanelKernel for Bf16Matrix {
         &self.bits.get()[rows.start * self.k..rows.end * self.k]
     }
 
-    fn panel_count(panels: &Panels) -> usize {
-        panels.panels()
+    fn accumulate(&self, job: &Job<'_>, isa: Isa, acc: &mut [Lanes]) {
+        accumulate(job, isa, acc)
     }
 
-    fn accumulate(&self, pass: &Pass<'_, Panels>, isa: Isa, acc: &mut [Lanes]) {
-        accumulate(&self.job(pass), isa, acc)
-    }
-
-    fn finish(&self, pass: &Pass<'_, Panels>, sum: f32, c: usize, r: usize) -> f32 {
-        self.job(pass).finish(sum, c, r)
+    fn tail_step(&self, w: u16, x: u16, sum: f32) -> f32 {
+        widen(w).mul_add(widen(x), sum)
     }
 }
 
-impl Bf16Matrix {
-    fn job<'a>(&self, pass: &Pass<'a, Panels>) -> Job<'a> {
-        Job {
-            w: pass.w,
-            k: self.k,
-            panel: pass.panels.panel(pass.panel),
-            chunks: pass.chunks.clone(),
-            live: pass.live,
-        }
-    }
-}
-
-/// One pass of weight rows over a slice of a panel.
-pub(crate) struct Job<'a> {
-    /// The weight rows, back to back (`k` values each).
-    pub w: &'a [u16],
-    pub k: usize,
-    pub panel: PanelRef<'a>,
-    /// The chunks of sixteen values this pass adds.
-    pub chunks: std::ops::Range<usize>,
-    /// Rows of the panel that hold activations.
-    pub live: usize,
-}
-
-impl Job<'_> {
-    fn rows(&self) -> usize {
-        self.w.len() / self.k.max(1)
-    }
-
-    /// The output of weight row `c` and panel row `r` from the sum of its lanes: the
-    /// `k mod 16` tail products added one at a time.
-    fn finish(&self, sum: f32, c: usize, r: usize) -> f32 {
-        let tail = self.k % CHUNK;
-        if tail == 0 {
-            return sum;
-        }
-        let w = &self.w[c * self.k + self.k - tail..][..tail];
-        let x = &self.panel.tail[r * tail..][..tail];
-        w.iter()
-            .zip(x)
-            .fold(sum, |s, (&w, &x)| widen(w).mul_add(widen(x), s))
-    }
-}
+/// One pass of weight rows over a slice of a panel (chunks of sixteen values).
+pub(crate) type Job<'a> = super::half_driver::Job<'a, u16, u16>;
 
 /// Adds the job's chunks into `acc[c][r·8 + l]` (weight row `c`, panel row `r`, lane `l`) at
 /// level `isa`: every level performs the same operations in the same order.
 fn accumulate(job: &Job<'_>, isa: Isa, acc: &mut [Lanes]) {
-    assert!(acc.len() == job.rows() && job.w.len() == job.rows() * job.k);
-    assert!(job.panel.chunks.len() >= job.chunks.end * PANEL * CHUNK);
+    job.check(acc, CHUNK);
     #[cfg(target_arch = "x86_64")]
     {
         // SAFETY: `isa` was capped by what this CPU executes (see `cpu_level`); the lengths
@@ -316,25 +270,14 @@ fn accumulate(job: &Job<'_>, isa: Isa, acc: &mut [Lanes]) {
     accumulate_portable(job, acc);
 }
 
-/// The definition, one lane at a time.
+/// The definition, one lane at a time: lane `l` takes the chunk's values `2l + 1`, then `2l`.
 pub(crate) fn accumulate_portable(job: &Job<'_>, acc: &mut [Lanes]) {
-    for (c, acc_c) in acc.iter_mut().enumerate() {
-        let w = &job.w[c * job.k..][..job.k];
-        for r in 0..job.live {
-            if job.chunks.start == 0 {
-                acc_c[r * LANES..][..LANES].fill(0.0);
-            }
-            for ch in job.chunks.clone() {
-                let x = &job.panel.chunks[(ch * PANEL + r) * CHUNK..][..CHUNK];
-                let w = &w[ch * CHUNK..][..CHUNK];
-                for l in 0..LANES {
-                    let a = &mut acc_c[r * LANES + l];
-                    *a = widen(w[2 * l + 1]).mul_add(widen(x[2 * l + 1]), *a);
-                    *a = widen(w[2 * l]).mul_add(widen(x[2 * l]), *a);
-                }
-            }
+    accumulate_lanes(job, CHUNK, acc, |w, x, lanes| {
+        for (l, a) in lanes.iter_mut().enumerate() {
+            *a = widen(w[2 * l + 1]).mul_add(widen(x[2 * l + 1]), *a);
+            *a = widen(w[2 * l]).mul_add(widen(x[2 * l]), *a);
         }
-    }
+    });
 }
 
 /// Whether `vdpbf16ps` outruns the AVX-512 FMA path on this CPU, timed once per process on a
@@ -378,26 +321,10 @@ pub fn vdpbf16ps_pays() -> bool {
     })
 }
 
-impl super::OwnMatrix for Bf16Matrix {
-    fn shape(&self) -> (usize, usize) {
-        (self.n, self.k)
-    }
-
-    fn storage_bytes(&self) -> usize {
-        self.storage_bytes()
-    }
-
-    fn matmul(&self, x: &[f32], m: usize) -> Vec<f32> {
-        self.matmul(x, m)
-    }
-
-    fn dequantize_row(&self, j: usize, out: &mut [f32]) {
-        self.dequantize_row(j, out)
-    }
-}
+super::own_matrix_from_inherent!(Bf16Matrix);
 
 /// Activations as [`activation_bits`], packed in panels of [`PANEL`] rows.
-pub type Panels = ChunkPanels<u16, CHUNK>;
+pub type Panels = ChunkPanels<u16>;
 /// One panel of them.
 pub type PanelRef<'a> = ChunkPanel<'a, u16>;
 
@@ -405,7 +332,7 @@ pub type PanelRef<'a> = ChunkPanel<'a, u16>;
 pub fn pack(x: &[f32], m: usize, k: usize, isa: Isa) -> Panels {
     Panels::pack(
         x,
-        (m, k),
+        (m, k, CHUNK),
         |src, dst| round_chunk(src, dst, isa),
         activation_bits,
     )

@@ -12,7 +12,8 @@ use super::{Job, CHUNK, LANES, PANEL};
 type Lanes = [f32; PANEL * LANES];
 
 pub(super) mod avx2 {
-    use super::{Job, Lanes, CHUNK, LANES, PANEL};
+    use super::{Job, Lanes, CHUNK, PANEL};
+    use crate::model::kernels::half_driver::x86::{store256, sums256};
     use std::arch::x86_64::*;
 
     /// Panel rows per register tile (a panel is two halves).
@@ -42,15 +43,8 @@ pub(super) mod avx2 {
     unsafe fn tile<const C: usize>(job: &Job<'_>, c0: usize, h: usize, acc: &mut [Lanes]) {
         let (k, w) = (job.k, job.w.as_ptr().add(c0 * job.k));
         let x = job.panel.chunks.as_ptr().add(h * ROWS * CHUNK);
-        let mut sums = [[_mm256_setzero_ps(); C]; ROWS];
         // A pass over the first chunks starts from zero (the driver leaves `acc` as it was).
-        if job.chunks.start > 0 {
-            for (r, sums_r) in sums.iter_mut().enumerate() {
-                for (c, s) in sums_r.iter_mut().enumerate() {
-                    *s = _mm256_loadu_ps(acc[c0 + c].as_ptr().add((h * ROWS + r) * LANES));
-                }
-            }
-        }
+        let mut sums = sums256::<ROWS, C>(acc, c0, h * ROWS, job.chunks.start > 0);
         for ch in job.chunks.clone() {
             let wo: [__m256; C] = std::array::from_fn(|i| odd(w.add(i * k + ch * CHUNK)));
             for (r, sums_r) in sums.iter_mut().enumerate() {
@@ -67,11 +61,7 @@ pub(super) mod avx2 {
                 }
             }
         }
-        for (r, sums_r) in sums.iter().enumerate() {
-            for (c, s) in sums_r.iter().enumerate() {
-                _mm256_storeu_ps(acc[c0 + c].as_mut_ptr().add((h * ROWS + r) * LANES), *s);
-            }
-        }
+        store256(acc, c0, h * ROWS, &sums);
     }
 
     /// Every weight row of the job, two at a time (more spill registers), over the panel's live
@@ -127,12 +117,9 @@ pub(super) mod avx2 {
 }
 
 pub(super) mod avx512 {
-    use super::{Job, Lanes, CHUNK, LANES, PANEL};
+    use super::{Job, Lanes, CHUNK, PANEL};
+    use crate::model::kernels::half_driver::x86::{store512, sums512};
     use std::arch::x86_64::*;
-
-    /// Pairs of panel rows: register `q` holds row `2q`'s eight lanes in its low half and row
-    /// `2q+1`'s in its high half.
-    pub(super) const PAIRS: usize = PANEL / 2;
 
     /// A chunk of one weight row in both halves of a register.
     #[inline]
@@ -148,15 +135,8 @@ pub(super) mod avx512 {
         let (k, w) = (job.k, job.w.as_ptr().add(c0 * job.k));
         let x = job.panel.chunks.as_ptr();
         let high = _mm512_set1_epi32(0xffff_0000u32 as i32);
-        let mut sums = [[_mm512_setzero_ps(); C]; PAIRS];
         // A pass over the first chunks starts from zero (the driver leaves `acc` as it was).
-        if job.chunks.start > 0 {
-            for (q, sums_q) in sums.iter_mut().enumerate() {
-                for (c, s) in sums_q.iter_mut().enumerate() {
-                    *s = _mm512_loadu_ps(acc[c0 + c].as_ptr().add(2 * q * LANES));
-                }
-            }
-        }
+        let mut sums = sums512::<C>(acc, c0, job.chunks.start > 0);
         for ch in job.chunks.clone() {
             let wr: [__m512i; C] = std::array::from_fn(|i| weights_x2(w.add(i * k + ch * CHUNK)));
             let wo = wr.map(|v| _mm512_castsi512_ps(_mm512_and_si512(v, high)));
@@ -171,11 +151,7 @@ pub(super) mod avx512 {
                 }
             }
         }
-        for (q, sums_q) in sums.iter().enumerate() {
-            for (c, s) in sums_q.iter().enumerate() {
-                _mm512_storeu_ps(acc[c0 + c].as_mut_ptr().add(2 * q * LANES), *s);
-            }
-        }
+        store512(acc, c0, &sums);
     }
 
     /// Every weight row of the job, four at a time, over the whole panel.
@@ -200,8 +176,9 @@ pub(super) mod avx512 {
 }
 
 pub(super) mod avx512bf16 {
-    use super::avx512::{weights_x2, PAIRS};
-    use super::{Job, Lanes, CHUNK, LANES, PANEL};
+    use super::avx512::weights_x2;
+    use super::{Job, Lanes, CHUNK, PANEL};
+    use crate::model::kernels::half_driver::x86::{store512, sums512};
     use std::arch::x86_64::*;
 
     /// `C` weight rows from row `c0` × the eight panel rows over the job's chunks: one
@@ -211,15 +188,8 @@ pub(super) mod avx512bf16 {
     unsafe fn tile<const C: usize>(job: &Job<'_>, c0: usize, acc: &mut [Lanes]) {
         let (k, w) = (job.k, job.w.as_ptr().add(c0 * job.k));
         let x = job.panel.chunks.as_ptr();
-        let mut sums = [[_mm512_setzero_ps(); C]; PAIRS];
         // A pass over the first chunks starts from zero (the driver leaves `acc` as it was).
-        if job.chunks.start > 0 {
-            for (q, sums_q) in sums.iter_mut().enumerate() {
-                for (c, s) in sums_q.iter_mut().enumerate() {
-                    *s = _mm512_loadu_ps(acc[c0 + c].as_ptr().add(2 * q * LANES));
-                }
-            }
-        }
+        let mut sums = sums512::<C>(acc, c0, job.chunks.start > 0);
         for ch in job.chunks.clone() {
             // SAFETY (the transmutes): 512-bit vectors of the same size; the bits are BF16
             // pairs.
@@ -234,11 +204,7 @@ pub(super) mod avx512bf16 {
                 }
             }
         }
-        for (q, sums_q) in sums.iter().enumerate() {
-            for (c, s) in sums_q.iter().enumerate() {
-                _mm512_storeu_ps(acc[c0 + c].as_mut_ptr().add(2 * q * LANES), *s);
-            }
-        }
+        store512(acc, c0, &sums);
     }
 
     /// Every weight row of the job, four at a time, over the whole panel.

@@ -24,7 +24,7 @@ use super::Isa;
 use crate::model::mapped::MappedBytes;
 
 pub use super::half_driver::PANEL;
-use super::half_driver::{ChunkPanel, ChunkPanels, Lanes, PanelKernel, Pass, LANES};
+use super::half_driver::{accumulate_lanes, ChunkPanel, ChunkPanels, Lanes, PanelKernel, LANES};
 
 /// A weight matrix `[n, k]` of f32 values.
 pub struct F32Matrix {
@@ -131,8 +131,8 @@ impl F32Matrix {
 }
 
 impl PanelKernel for F32Matrix {
-    type Panels = Panels;
     type Weight = f32;
+    type Act = f32;
     const CHUNK: usize = LANES;
     /// 32 KiB of a panel's rows, in a 48 KiB L1. 512 (16 KiB) cut SmolLM2's 576-value rows
     /// into a pass of 64 chunks and one of 8, the short one spending as much on its 24 sums'
@@ -149,67 +149,22 @@ impl PanelKernel for F32Matrix {
         &self.values.get()[rows.start * self.k..rows.end * self.k]
     }
 
-    fn panel_count(panels: &Panels) -> usize {
-        panels.panels()
+    fn accumulate(&self, job: &Job<'_>, isa: Isa, acc: &mut [Lanes]) {
+        accumulate(job, isa, acc)
     }
 
-    fn accumulate(&self, pass: &Pass<'_, Panels, f32>, isa: Isa, acc: &mut [Lanes]) {
-        accumulate(&self.job(pass), isa, acc)
-    }
-
-    fn finish(&self, pass: &Pass<'_, Panels, f32>, sum: f32, c: usize, r: usize) -> f32 {
-        self.job(pass).finish(sum, c, r)
-    }
-}
-
-impl F32Matrix {
-    fn job<'a>(&self, pass: &Pass<'a, Panels, f32>) -> Job<'a> {
-        Job {
-            w: pass.w,
-            k: self.k,
-            panel: pass.panels.panel(pass.panel),
-            chunks: pass.chunks.clone(),
-            live: pass.live,
-        }
+    fn tail_step(&self, w: f32, x: f32, sum: f32) -> f32 {
+        w.mul_add(x, sum)
     }
 }
 
 /// One pass of weight rows over a slice of a panel.
-pub(crate) struct Job<'a> {
-    /// The weight rows, back to back (`k` values each).
-    pub w: &'a [f32],
-    pub k: usize,
-    pub panel: PanelRef<'a>,
-    /// The chunks of eight values this pass adds.
-    pub chunks: std::ops::Range<usize>,
-    /// Rows of the panel that hold activations.
-    pub live: usize,
-}
-
-impl Job<'_> {
-    fn rows(&self) -> usize {
-        self.w.len() / self.k.max(1)
-    }
-
-    /// The output of weight row `c` and panel row `r` from the sum of its lanes: the
-    /// `k mod 8` tail products added one at a time.
-    fn finish(&self, sum: f32, c: usize, r: usize) -> f32 {
-        let tail = self.k % LANES;
-        if tail == 0 {
-            return sum;
-        }
-        let w = &self.w[c * self.k + self.k - tail..][..tail];
-        let x = &self.panel.tail[r * tail..][..tail];
-        w.iter().zip(x).fold(sum, |s, (&w, &x)| w.mul_add(x, s))
-    }
-}
+pub(crate) type Job<'a> = super::half_driver::Job<'a, f32, f32>;
 
 /// Adds the job's chunks into `acc[c][r·8 + l]` (weight row `c`, panel row `r`, lane `l`) at
 /// level `isa`: every level performs the same fused multiply-adds in the same order.
 fn accumulate(job: &Job<'_>, isa: Isa, acc: &mut [Lanes]) {
-    assert!(acc.len() == job.rows() && job.w.len() == job.rows() * job.k);
-    assert!(job.panel.chunks.len() >= job.chunks.end * PANEL * LANES);
-    assert!(job.live <= PANEL);
+    job.check(acc, LANES);
     #[cfg(target_arch = "x86_64")]
     {
         // SAFETY: `isa` was capped by what this CPU executes (see `cpu_level`); the lengths
@@ -229,21 +184,11 @@ fn accumulate(job: &Job<'_>, isa: Isa, acc: &mut [Lanes]) {
 
 /// The definition, one lane at a time.
 pub(crate) fn accumulate_portable(job: &Job<'_>, acc: &mut [Lanes]) {
-    for (c, acc_c) in acc.iter_mut().enumerate() {
-        let w = &job.w[c * job.k..][..job.k];
-        for r in 0..job.live {
-            if job.chunks.start == 0 {
-                acc_c[r * LANES..][..LANES].fill(0.0);
-            }
-            for ch in job.chunks.clone() {
-                let x = &job.panel.chunks[(ch * PANEL + r) * LANES..][..LANES];
-                for l in 0..LANES {
-                    let a = &mut acc_c[r * LANES + l];
-                    *a = w[ch * LANES + l].mul_add(x[l], *a);
-                }
-            }
+    accumulate_lanes(job, LANES, acc, |w, x, lanes| {
+        for ((a, &w), &x) in lanes.iter_mut().zip(w).zip(x) {
+            *a = w.mul_add(x, *a);
         }
-    }
+    });
 }
 
 /// The highest level this CPU executes for this kernel, whatever `PPL_ISA` says: the float
@@ -252,32 +197,16 @@ pub(crate) fn cpu_level() -> Isa {
     super::half_driver::cpu_level().min(Isa::Avx512)
 }
 
-impl super::OwnMatrix for F32Matrix {
-    fn shape(&self) -> (usize, usize) {
-        (self.n, self.k)
-    }
-
-    fn storage_bytes(&self) -> usize {
-        self.storage_bytes()
-    }
-
-    fn matmul(&self, x: &[f32], m: usize) -> Vec<f32> {
-        self.matmul(x, m)
-    }
-
-    fn dequantize_row(&self, j: usize, out: &mut [f32]) {
-        self.dequantize_row(j, out)
-    }
-}
+super::own_matrix_from_inherent!(F32Matrix);
 
 /// Activations packed in panels of [`PANEL`] rows (the values unchanged).
-pub type Panels = ChunkPanels<f32, LANES>;
+pub type Panels = ChunkPanels<f32>;
 /// One panel of them.
 pub type PanelRef<'a> = ChunkPanel<'a, f32>;
 
 /// Packs `x [m, k]`.
 pub fn pack(x: &[f32], m: usize, k: usize) -> Panels {
-    Panels::pack(x, (m, k), |src, dst| dst.copy_from_slice(src), |v| v)
+    Panels::pack(x, (m, k, LANES), |src, dst| dst.copy_from_slice(src), |v| v)
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -10,6 +10,7 @@ type Lanes = [f32; PANEL * LANES];
 
 pub(super) mod avx2 {
     use super::{Job, Lanes, LANES, PANEL};
+    use crate::model::kernels::half_driver::x86::{store256, sums256};
     use std::arch::x86_64::*;
 
     /// Panel rows per register tile (a panel is two halves).
@@ -21,15 +22,8 @@ pub(super) mod avx2 {
     unsafe fn tile<const C: usize>(job: &Job<'_>, c0: usize, h: usize, acc: &mut [Lanes]) {
         let (k, w) = (job.k, job.w.as_ptr().add(c0 * job.k));
         let x = job.panel.chunks.as_ptr().add(h * ROWS * LANES);
-        let mut sums = [[_mm256_setzero_ps(); C]; ROWS];
         // A pass over the first chunks starts from zero (the driver leaves `acc` as it was).
-        if job.chunks.start > 0 {
-            for (r, sums_r) in sums.iter_mut().enumerate() {
-                for (c, s) in sums_r.iter_mut().enumerate() {
-                    *s = _mm256_loadu_ps(acc[c0 + c].as_ptr().add((h * ROWS + r) * LANES));
-                }
-            }
-        }
+        let mut sums = sums256::<ROWS, C>(acc, c0, h * ROWS, job.chunks.start > 0);
         for ch in job.chunks.clone() {
             let wv: [__m256; C] =
                 std::array::from_fn(|i| _mm256_loadu_ps(w.add(i * k + ch * LANES)));
@@ -40,11 +34,7 @@ pub(super) mod avx2 {
                 }
             }
         }
-        for (r, sums_r) in sums.iter().enumerate() {
-            for (c, s) in sums_r.iter().enumerate() {
-                _mm256_storeu_ps(acc[c0 + c].as_mut_ptr().add((h * ROWS + r) * LANES), *s);
-            }
-        }
+        store256(acc, c0, h * ROWS, &sums);
     }
 
     /// Every weight row of the job, three at a time (12 sums, 3 weights and an activation:
@@ -72,11 +62,9 @@ pub(super) mod avx2 {
 
 pub(super) mod avx512 {
     use super::{Job, Lanes, LANES, PANEL};
+    use crate::model::kernels::half_driver::x86::{store512, sums512};
     use std::arch::x86_64::*;
 
-    /// Pairs of panel rows: register `q` holds row `2q`'s eight lanes in its low half and row
-    /// `2q+1`'s in its high half.
-    const PAIRS: usize = PANEL / 2;
     /// Weight rows per register tile: 24 sums, 6 weights and an activation of the 32
     /// registers.
     const COLS: usize = 6;
@@ -94,15 +82,8 @@ pub(super) mod avx512 {
     unsafe fn tile<const C: usize>(job: &Job<'_>, c0: usize, acc: &mut [Lanes]) {
         let (k, w) = (job.k, job.w.as_ptr().add(c0 * job.k));
         let x = job.panel.chunks.as_ptr();
-        let mut sums = [[_mm512_setzero_ps(); C]; PAIRS];
         // A pass over the first chunks starts from zero (the driver leaves `acc` as it was).
-        if job.chunks.start > 0 {
-            for (q, sums_q) in sums.iter_mut().enumerate() {
-                for (c, s) in sums_q.iter_mut().enumerate() {
-                    *s = _mm512_loadu_ps(acc[c0 + c].as_ptr().add(2 * q * LANES));
-                }
-            }
-        }
+        let mut sums = sums512::<C>(acc, c0, job.chunks.start > 0);
         // One pointer per weight row and indexed loads from them. Without `black_box` the
         // compiler derived each row's address from the previous one's every chunk (five adds
         // per chunk beside the 24 FMAs; the kernel alone on one core, a job of 96 rows of 512
@@ -120,11 +101,7 @@ pub(super) mod avx512 {
             }
             xp = xp.add(PANEL * LANES);
         }
-        for (q, sums_q) in sums.iter().enumerate() {
-            for (c, s) in sums_q.iter().enumerate() {
-                _mm512_storeu_ps(acc[c0 + c].as_mut_ptr().add(2 * q * LANES), *s);
-            }
-        }
+        store512(acc, c0, &sums);
     }
 
     /// Every weight row of the job, [`COLS`] at a time, over the whole panel (rows past the

@@ -27,7 +27,9 @@ use super::panel::hsum8;
 use super::Isa;
 
 pub use super::half_driver::PANEL;
-use super::half_driver::{ChunkPanel, ChunkPanels, Lanes, OutBlock, PanelKernel, Pass, LANES};
+use super::half_driver::{
+    accumulate_lanes, ChunkPanel, ChunkPanels, Lanes, OutBlock, PanelKernel, LANES,
+};
 
 /// Which 16-bit float the weights (and the rounded activations) are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -130,8 +132,8 @@ impl HalfMatrix {
 }
 
 impl PanelKernel for HalfMatrix {
-    type Panels = Panels;
     type Weight = u16;
+    type Act = f32;
     const CHUNK: usize = LANES;
     /// 16 KiB of a panel's (f32) rows: L1.
     const K_SLICE: usize = 512;
@@ -144,64 +146,17 @@ impl PanelKernel for HalfMatrix {
         &self.bits[rows.start * self.k..rows.end * self.k]
     }
 
-    fn panel_count(panels: &Panels) -> usize {
-        panels.panels()
+    fn accumulate(&self, job: &Job<'_>, isa: Isa, acc: &mut [Lanes]) {
+        accumulate(self.kind, job, isa, acc)
     }
 
-    fn accumulate(&self, pass: &Pass<'_, Panels>, isa: Isa, acc: &mut [Lanes]) {
-        accumulate(&self.job(pass), isa, acc)
-    }
-
-    fn finish(&self, pass: &Pass<'_, Panels>, sum: f32, c: usize, r: usize) -> f32 {
-        self.job(pass).finish(sum, c, r)
-    }
-}
-
-impl HalfMatrix {
-    fn job<'a>(&self, pass: &Pass<'a, Panels>) -> Job<'a> {
-        Job {
-            kind: self.kind,
-            w: pass.w,
-            k: self.k,
-            panel: pass.panels.panel(pass.panel),
-            chunks: pass.chunks.clone(),
-            live: pass.live,
-        }
+    fn tail_step(&self, w: u16, x: f32, sum: f32) -> f32 {
+        self.kind.widen(w).mul_add(x, sum)
     }
 }
 
 /// One pass of weight rows over a slice of a panel.
-pub(crate) struct Job<'a> {
-    pub kind: HalfType,
-    /// The weight rows, back to back (`k` values each).
-    pub w: &'a [u16],
-    pub k: usize,
-    pub panel: PanelRef<'a>,
-    /// The chunks of eight values this pass adds.
-    pub chunks: std::ops::Range<usize>,
-    /// Rows of the panel that hold activations.
-    pub live: usize,
-}
-
-impl Job<'_> {
-    fn rows(&self) -> usize {
-        self.w.len() / self.k.max(1)
-    }
-
-    /// The output of weight row `c` and panel row `r` from the sum of its lanes: the
-    /// `k mod 8` tail products added one at a time.
-    fn finish(&self, sum: f32, c: usize, r: usize) -> f32 {
-        let tail = self.k % LANES;
-        if tail == 0 {
-            return sum;
-        }
-        let w = &self.w[c * self.k + self.k - tail..][..tail];
-        let x = &self.panel.tail[r * tail..][..tail];
-        w.iter()
-            .zip(x)
-            .fold(sum, |s, (&w, &x)| self.kind.widen(w).mul_add(x, s))
-    }
-}
+pub(crate) type Job<'a> = super::half_driver::Job<'a, u16, f32>;
 
 /// The eight panel rows' sums of their lanes, each in ggml's `hsum_float_8` order.
 pub(crate) fn reduce(lanes: &Lanes, isa: Isa) -> [f32; PANEL] {
@@ -250,45 +205,36 @@ pub(crate) fn write_sums(acc: &[Lanes], live: usize, dst: SumsOut, isa: Isa) {
     }
 }
 
-/// Adds the job's chunks into `acc[c][r·8 + l]` (weight row `c`, panel row `r`, lane `l`) at
-/// level `isa`: every level performs the same fused multiply-adds in the same order.
-fn accumulate(job: &Job<'_>, isa: Isa, acc: &mut [Lanes]) {
-    assert!(acc.len() == job.rows() && job.w.len() == job.rows() * job.k);
-    assert!(job.panel.chunks.len() >= job.chunks.end * PANEL * LANES);
+/// Adds the job's chunks (weights of type `kind`) into `acc[c][r·8 + l]` (weight row `c`,
+/// panel row `r`, lane `l`) at level `isa`: every level performs the same fused multiply-adds
+/// in the same order.
+fn accumulate(kind: HalfType, job: &Job<'_>, isa: Isa, acc: &mut [Lanes]) {
+    job.check(acc, LANES);
     #[cfg(target_arch = "x86_64")]
     {
+        let bf16 = kind == HalfType::Bf16;
         // SAFETY: `isa` was capped by what this CPU executes (AVX-512 F/BW/VL on top of
         // AVX2 + FMA + F16C for `Avx512`); the lengths were checked above.
         if isa >= Isa::Avx512 {
-            unsafe { x86::avx512::accumulate(job, acc) };
+            unsafe { x86::avx512::accumulate(bf16, job, acc) };
             return;
         }
         if isa >= Isa::Avx2 {
-            unsafe { x86::avx2::accumulate(job, acc) };
+            unsafe { x86::avx2::accumulate(bf16, job, acc) };
             return;
         }
     }
     let _ = isa;
-    accumulate_portable(job, acc);
+    accumulate_portable(kind, job, acc);
 }
 
 /// The definition, one lane at a time.
-pub(crate) fn accumulate_portable(job: &Job<'_>, acc: &mut [Lanes]) {
-    for (c, acc_c) in acc.iter_mut().enumerate() {
-        let w = &job.w[c * job.k..][..job.k];
-        for r in 0..job.live {
-            if job.chunks.start == 0 {
-                acc_c[r * LANES..][..LANES].fill(0.0);
-            }
-            for ch in job.chunks.clone() {
-                let x = &job.panel.chunks[(ch * PANEL + r) * LANES..][..LANES];
-                for l in 0..LANES {
-                    let a = &mut acc_c[r * LANES + l];
-                    *a = job.kind.widen(w[ch * LANES + l]).mul_add(x[l], *a);
-                }
-            }
+pub(crate) fn accumulate_portable(kind: HalfType, job: &Job<'_>, acc: &mut [Lanes]) {
+    accumulate_lanes(job, LANES, acc, |w, x, lanes| {
+        for ((a, &w), &x) in lanes.iter_mut().zip(w).zip(x) {
+            *a = kind.widen(w).mul_add(x, *a);
         }
-    }
+    });
 }
 
 /// The highest level this CPU executes for this kernel, whatever `PPL_ISA` says: the float
@@ -297,27 +243,11 @@ fn cpu_level() -> Isa {
     super::half_driver::cpu_level().min(Isa::Avx512)
 }
 
-impl super::OwnMatrix for HalfMatrix {
-    fn shape(&self) -> (usize, usize) {
-        (self.n, self.k)
-    }
-
-    fn storage_bytes(&self) -> usize {
-        self.storage_bytes()
-    }
-
-    fn matmul(&self, x: &[f32], m: usize) -> Vec<f32> {
-        self.matmul(x, m)
-    }
-
-    fn dequantize_row(&self, j: usize, out: &mut [f32]) {
-        self.dequantize_row(j, out)
-    }
-}
+super::own_matrix_from_inherent!(HalfMatrix);
 
 /// Activations rounded to the weights' type (held as their exact f32 values), packed in
 /// panels of [`PANEL`] rows.
-pub type Panels = ChunkPanels<f32, LANES>;
+pub type Panels = ChunkPanels<f32>;
 /// One panel of them.
 pub type PanelRef<'a> = ChunkPanel<'a, f32>;
 
@@ -325,7 +255,7 @@ pub type PanelRef<'a> = ChunkPanel<'a, f32>;
 pub fn pack(kind: HalfType, x: &[f32], m: usize, k: usize, isa: Isa) -> Panels {
     Panels::pack(
         x,
-        (m, k),
+        (m, k, LANES),
         |src, dst| round8(kind, src, dst, isa),
         |v| kind.round(v),
     )

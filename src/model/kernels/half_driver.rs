@@ -12,6 +12,10 @@ use rayon::prelude::*;
 use super::half::{write_sums, SumsOut};
 use super::Isa;
 
+#[cfg(target_arch = "x86_64")]
+#[path = "half_driver_x86.rs"]
+pub(crate) mod x86;
+
 /// Activation rows per panel (one micro-kernel pass over a weight row yields this many).
 pub const PANEL: usize = 8;
 /// Lanes of each output's sum.
@@ -27,84 +31,131 @@ const PANELS_PER_THREAD: usize = 8;
 /// at a time).
 pub(crate) const ROW_GROUP: usize = 12;
 
-/// One pass of a block of weight rows over a slice of one panel (weights of type `W`: the
-/// 16-bit kernels' bits or F32 values).
-pub(crate) struct Pass<'a, P, W = u16> {
+/// One pass of a block of weight rows over a slice of one panel: what a kernel's
+/// micro-kernels take (weights of type `W`: the 16-bit kernels' bits or F32 values;
+/// activations of type `X`, packed as [`ChunkPanels`]).
+pub(crate) struct Job<'a, W, X> {
     /// The weight rows, back to back (`k` values each).
     pub w: &'a [W],
-    /// The packed activations and the panel of them this pass reads.
-    pub panels: &'a P,
-    pub panel: usize,
+    pub k: usize,
+    /// The panel this pass reads.
+    pub panel: ChunkPanel<'a, X>,
     /// The chunks (of [`PanelKernel::CHUNK`] values) this pass adds.
     pub chunks: Range<usize>,
     /// Rows of the panel that hold activations.
     pub live: usize,
 }
 
-/// Activations packed for a float kernel that takes `CHUNK` values per lane step, in panels of
-/// [`PANEL`] rows: per panel `[chunk][row][CHUNK]`, then `[row][k mod CHUNK]` (the tail); rows
-/// past `m` are zero. `T` is what the kernel reads: the rounded values as f32 (F16, F32) or
-/// their bits (BF16).
-pub struct ChunkPanels<T, const CHUNK: usize> {
+impl<W, X> Job<'_, W, X> {
+    /// Weight rows in the pass.
+    pub fn rows(&self) -> usize {
+        self.w.len() / self.k.max(1)
+    }
+
+    /// Checks what every level's micro-kernel relies on: one lane sum set per weight row in
+    /// `acc`, whole weight rows, the pass's chunks (of `chunk` values) inside the panel, at
+    /// most [`PANEL`] live rows.
+    pub fn check(&self, acc: &[Lanes], chunk: usize) {
+        assert!(acc.len() == self.rows() && self.w.len() == self.rows() * self.k);
+        assert!(self.panel.chunks.len() >= self.chunks.end * PANEL * chunk);
+        assert!(self.live <= PANEL);
+    }
+}
+
+/// The definition every level of a float kernel follows, one lane at a time: for each weight
+/// row, live panel row and chunk of the job, `step(weights, activations, lanes)` adds the
+/// chunk's `CHUNK` products into that row pair's eight lanes (a pass over the first chunks
+/// starts from zero).
+pub(crate) fn accumulate_lanes<W, X>(
+    job: &Job<'_, W, X>,
+    chunk: usize,
+    acc: &mut [Lanes],
+    step: impl Fn(&[W], &[X], &mut [f32]),
+) {
+    for (c, acc_c) in acc.iter_mut().enumerate() {
+        let w = &job.w[c * job.k..][..job.k];
+        for r in 0..job.live {
+            let lanes = &mut acc_c[r * LANES..][..LANES];
+            if job.chunks.start == 0 {
+                lanes.fill(0.0);
+            }
+            for ch in job.chunks.clone() {
+                let x = &job.panel.chunks[(ch * PANEL + r) * chunk..][..chunk];
+                step(&w[ch * chunk..][..chunk], x, lanes);
+            }
+        }
+    }
+}
+
+/// Activations packed for a float kernel that takes `chunk` values per lane step, in panels
+/// of [`PANEL`] rows: per panel `[chunk][row][chunk values]`, then `[row][k mod chunk]` (the
+/// tail); rows past `m` are zero. `T` is what the kernel reads: the rounded values as f32
+/// (F16, F32) or their bits (BF16).
+pub struct ChunkPanels<T> {
     rows: usize,
+    chunk: usize,
     chunks: usize,
     tail: usize,
     data: Vec<T>,
 }
 
-/// One panel of [`ChunkPanels`]: `chunks[(c·PANEL + r)·CHUNK + i]` is row `r`'s value
-/// `CHUNK·c + i`; `tail[r·t + i]` its value `CHUNK·chunks + i`.
+/// One panel of [`ChunkPanels`]: `chunks[(c·PANEL + r)·chunk + i]` is row `r`'s value
+/// `chunk·c + i`; `tail[r·t + i]` its value `chunk·chunks + i`.
 #[derive(Clone, Copy)]
 pub struct ChunkPanel<'a, T> {
     pub chunks: &'a [T],
     pub tail: &'a [T],
 }
 
-impl<T: Copy + Default + Send + Sync, const CHUNK: usize> ChunkPanels<T, CHUNK> {
-    /// Packs `x [m, k]`: each whole chunk of a row through `chunk(src, dst)` (`CHUNK` values
-    /// each), the tail value by value through `one` — the kernel's rounding, which its SIMD
-    /// `chunk` computes with the same bits as `one`.
+impl<T: Copy + Default + Send + Sync> ChunkPanels<T> {
+    /// Packs `x [m, k]` in chunks of `chunk` values: each whole chunk of a row through
+    /// `round(src, dst)`, the tail value by value through `one` — the kernel's rounding, which
+    /// its SIMD `round` computes with the same bits as `one`.
     pub fn pack(
         x: &[f32],
-        (m, k): (usize, usize),
-        chunk: impl Fn(&[f32], &mut [T]) + Sync,
+        (m, k, chunk): (usize, usize, usize),
+        round: impl Fn(&[f32], &mut [T]) + Sync,
         one: impl Fn(f32) -> T + Sync,
     ) -> Self {
         assert_eq!(x.len(), m * k, "activation shape");
-        let (chunks, tail) = (k / CHUNK, k % CHUNK);
+        assert!(chunk > 0);
+        let (chunks, tail) = (k / chunk, k % chunk);
         let per_panel = PANEL * k;
         let mut data = vec![T::default(); m.div_ceil(PANEL) * per_panel];
         data.par_chunks_mut(per_panel)
             .enumerate()
             .for_each(|(p, panel)| {
-                let (body, tail_part) = panel.split_at_mut(chunks * PANEL * CHUNK);
+                let (body, tail_part) = panel.split_at_mut(chunks * PANEL * chunk);
                 for r in 0..PANEL.min(m - p * PANEL) {
                     let row = &x[(p * PANEL + r) * k..][..k];
-                    for (c, src) in row.chunks_exact(CHUNK).enumerate() {
-                        chunk(src, &mut body[(c * PANEL + r) * CHUNK..][..CHUNK]);
+                    for (c, src) in row.chunks_exact(chunk).enumerate() {
+                        round(src, &mut body[(c * PANEL + r) * chunk..][..chunk]);
                     }
                     let dst = &mut tail_part[r * tail..][..tail];
-                    for (d, &v) in dst.iter_mut().zip(&row[chunks * CHUNK..]) {
+                    for (d, &v) in dst.iter_mut().zip(&row[chunks * chunk..]) {
                         *d = one(v);
                     }
                 }
             });
         Self {
             rows: m,
+            chunk,
             chunks,
             tail,
             data,
         }
     }
+}
 
+impl<T> ChunkPanels<T> {
     pub fn panels(&self) -> usize {
         self.rows.div_ceil(PANEL)
     }
 
     pub fn panel(&self, p: usize) -> ChunkPanel<'_, T> {
-        let per_panel = PANEL * (self.chunks * CHUNK + self.tail);
+        let per_panel = PANEL * (self.chunks * self.chunk + self.tail);
         let (chunks, tail) =
-            self.data[p * per_panel..][..per_panel].split_at(self.chunks * PANEL * CHUNK);
+            self.data[p * per_panel..][..per_panel].split_at(self.chunks * PANEL * self.chunk);
         ChunkPanel { chunks, tail }
     }
 }
@@ -133,10 +184,10 @@ pub(crate) fn cpu_level() -> Isa {
 
 /// What a float weight kernel supplies to [`matmul`].
 pub(crate) trait PanelKernel: Sync {
-    /// The activations, packed in panels of [`PANEL`] rows.
-    type Panels: Sync;
     /// One stored weight (its size sets the cache blocking).
-    type Weight: Sync;
+    type Weight: Copy + Sync;
+    /// One packed activation.
+    type Act: Copy + Sync;
     /// Values each lane step takes per weight row.
     const CHUNK: usize;
     /// Values of a panel's rows kept in L1 while a block of weight rows passes over them.
@@ -145,23 +196,22 @@ pub(crate) trait PanelKernel: Sync {
     fn shape(&self) -> (usize, usize);
     /// Weight rows `rows`, back to back.
     fn rows(&self, rows: Range<usize>) -> &[Self::Weight];
-    fn panel_count(panels: &Self::Panels) -> usize;
-    /// Adds the pass's chunks into `acc[c]` (weight row `c` of the pass) at level `isa`; a
-    /// pass whose chunks start at 0 starts its sums from zero, whatever `acc` holds (the
-    /// driver does not clear it between panels).
-    fn accumulate(&self, pass: &Pass<'_, Self::Panels, Self::Weight>, isa: Isa, acc: &mut [Lanes]);
-    /// The output of the pass's weight row `c` and panel row `r` from the sum of its lanes.
-    fn finish(
-        &self,
-        pass: &Pass<'_, Self::Panels, Self::Weight>,
-        sum: f32,
-        c: usize,
-        r: usize,
-    ) -> f32;
+    /// Adds the job's chunks into `acc[c]` (the job's weight row `c`) at level `isa`; a job
+    /// whose chunks start at 0 starts its sums from zero, whatever `acc` holds (the driver
+    /// does not clear it between panels).
+    fn accumulate(&self, job: &Job<'_, Self::Weight, Self::Act>, isa: Isa, acc: &mut [Lanes]);
+    /// `sum` plus the product of a weight and an activation past the last whole chunk (the
+    /// `k mod CHUNK` tail, added one at a time after the lanes' sum).
+    fn tail_step(&self, w: Self::Weight, x: Self::Act, sum: f32) -> f32;
 }
 
 /// The `m` packed activation rows times the kernel's matrix transposed: `[m, n]`.
-pub(crate) fn matmul<K: PanelKernel>(kernel: &K, a: &K::Panels, m: usize, isa: Isa) -> Vec<f32> {
+pub(crate) fn matmul<K: PanelKernel>(
+    kernel: &K,
+    a: &ChunkPanels<K::Act>,
+    m: usize,
+    isa: Isa,
+) -> Vec<f32> {
     let n = kernel.shape().0;
     if m == 0 || n == 0 {
         return vec![0f32; m * n];
@@ -179,13 +229,13 @@ pub(crate) fn matmul<K: PanelKernel>(kernel: &K, a: &K::Panels, m: usize, isa: I
 /// [`matmul`] into `out` (`m · n` values, every one written).
 fn fill<K: PanelKernel>(
     kernel: &K,
-    a: &K::Panels,
+    a: &ChunkPanels<K::Act>,
     m: usize,
     isa: Isa,
     out: &mut [MaybeUninit<f32>],
 ) {
     let n = kernel.shape().0;
-    let panels = K::panel_count(a);
+    let panels = a.panels();
     let threads = rayon::current_num_threads().max(1);
     let whole = OutBlock::of(out, n);
     if panels >= PANELS_PER_THREAD * threads {
@@ -296,7 +346,7 @@ impl OutBlock {
 /// each lane's additions is unchanged; the first slice starts them from zero).
 fn block<K: PanelKernel>(
     kernel: &K,
-    a: &K::Panels,
+    a: &ChunkPanels<K::Act>,
     ps: Range<usize>,
     cols: Range<usize>,
     isa: Isa,
@@ -314,34 +364,41 @@ fn block<K: PanelKernel>(
         / ROW_GROUP
         * ROW_GROUP;
     let mut acc = vec![[0f32; PANEL * LANES]; per_block.min(cols.len())];
-    // Without tail values (`k` a multiple of the chunk, as in every real model) an output is
-    // its lane sum: no per-output call.
-    let tail = !k.is_multiple_of(K::CHUNK);
+    // Values past the last whole chunk: none where `k` is a multiple of the chunk, as in
+    // every real model, and an output is then its lane sum.
+    let tail = k % K::CHUNK;
     for j0 in cols.clone().step_by(per_block) {
         let js = j0..(j0 + per_block).min(cols.end);
         let acc = &mut acc[..js.len()];
         for (i, p) in ps.clone().enumerate() {
-            let mut pass = Pass {
+            let mut job = Job {
                 w: kernel.rows(js.clone()),
-                panels: a,
-                panel: p,
+                k,
+                panel: a.panel(p),
                 chunks: 0..0,
                 live: PANEL.min(rows_here - i * PANEL),
             };
             for c0 in (0..chunks.max(1)).step_by(K::K_SLICE / K::CHUNK) {
-                pass.chunks = c0..(c0 + K::K_SLICE / K::CHUNK).min(chunks);
-                kernel.accumulate(&pass, isa, acc);
+                job.chunks = c0..(c0 + K::K_SLICE / K::CHUNK).min(chunks);
+                kernel.accumulate(&job, isa, acc);
             }
             let (row0, col0) = (i * PANEL, js.start - cols.start);
-            if !tail {
+            if tail == 0 {
                 let dst = SumsOut { out, row0, col0 };
-                write_sums(acc, pass.live, dst, isa);
+                write_sums(acc, job.live, dst, isa);
                 continue;
             }
+            // The tail's products, one at a time after the lanes' sum.
             for (c, lanes) in acc.iter().enumerate() {
+                let w = &job.w[c * k + k - tail..][..tail];
                 let sums = super::half::reduce(lanes, isa);
-                for (r, &sum) in sums.iter().enumerate().take(pass.live) {
-                    out.write(row0 + r, col0 + c, kernel.finish(&pass, sum, c, r));
+                for (r, &sum) in sums.iter().enumerate().take(job.live) {
+                    let x = &job.panel.tail[r * tail..][..tail];
+                    let sum = w
+                        .iter()
+                        .zip(x)
+                        .fold(sum, |s, (&w, &x)| kernel.tail_step(w, x, s));
+                    out.write(row0 + r, col0 + c, sum);
                 }
             }
         }

@@ -11,6 +11,7 @@ type Lanes = [f32; PANEL * LANES];
 pub(super) mod avx2 {
     use super::super::SumsOut;
     use super::{Job, Lanes, LANES, PANEL};
+    use crate::model::kernels::half_driver::x86::{store256, sums256};
     use std::arch::x86_64::*;
 
     /// Panel rows per register tile (a panel is two halves).
@@ -39,15 +40,8 @@ pub(super) mod avx2 {
     ) {
         let (k, w) = (job.k, job.w.as_ptr().add(c0 * job.k));
         let x = job.panel.chunks.as_ptr().add(h * ROWS * LANES);
-        let mut sums = [[_mm256_setzero_ps(); C]; ROWS];
         // A pass over the first chunks starts from zero (the driver leaves `acc` as it was).
-        if job.chunks.start > 0 {
-            for (r, sums_r) in sums.iter_mut().enumerate() {
-                for (c, s) in sums_r.iter_mut().enumerate() {
-                    *s = _mm256_loadu_ps(acc[c0 + c].as_ptr().add((h * ROWS + r) * LANES));
-                }
-            }
-        }
+        let mut sums = sums256::<ROWS, C>(acc, c0, h * ROWS, job.chunks.start > 0);
         let mut wv = [_mm256_setzero_ps(); C];
         for ch in job.chunks.clone() {
             for (i, v) in wv.iter_mut().enumerate() {
@@ -60,11 +54,7 @@ pub(super) mod avx2 {
                 }
             }
         }
-        for (r, sums_r) in sums.iter().enumerate() {
-            for (c, s) in sums_r.iter().enumerate() {
-                _mm256_storeu_ps(acc[c0 + c].as_mut_ptr().add((h * ROWS + r) * LANES), *s);
-            }
-        }
+        store256(acc, c0, h * ROWS, &sums);
     }
 
     /// Every weight row of the job, three at a time, over the panel's live halves.
@@ -73,9 +63,8 @@ pub(super) mod avx2 {
     /// The CPU must support AVX2, FMA and F16C; `acc` holds one entry per weight row and the
     /// panel the job's chunks (checked by the caller).
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(in super::super) unsafe fn accumulate(job: &Job<'_>, acc: &mut [Lanes]) {
+    pub(in super::super) unsafe fn accumulate(bf16: bool, job: &Job<'_>, acc: &mut [Lanes]) {
         let rows = acc.len();
-        let bf16 = job.kind == super::super::HalfType::Bf16;
         for h in 0..job.live.div_ceil(ROWS) {
             let mut c0 = 0;
             while c0 < rows {
@@ -192,11 +181,8 @@ pub(super) mod avx2 {
 
 pub(super) mod avx512 {
     use super::{Job, Lanes, LANES, PANEL};
+    use crate::model::kernels::half_driver::x86::{store512, sums512};
     use std::arch::x86_64::*;
-
-    /// Pairs of panel rows: register `q` holds row `2q`'s eight lanes in its low half and row
-    /// `2q+1`'s in its high half.
-    const PAIRS: usize = PANEL / 2;
 
     /// Eight weights widened to f32, in both halves of the register.
     #[inline]
@@ -216,15 +202,8 @@ pub(super) mod avx512 {
     unsafe fn tile<const BF16: bool, const C: usize>(job: &Job<'_>, c0: usize, acc: &mut [Lanes]) {
         let (k, w) = (job.k, job.w.as_ptr().add(c0 * job.k));
         let x = job.panel.chunks.as_ptr();
-        let mut sums = [[_mm512_setzero_ps(); C]; PAIRS];
         // A pass over the first chunks starts from zero (the driver leaves `acc` as it was).
-        if job.chunks.start > 0 {
-            for (q, sums_q) in sums.iter_mut().enumerate() {
-                for (c, s) in sums_q.iter_mut().enumerate() {
-                    *s = _mm512_loadu_ps(acc[c0 + c].as_ptr().add(2 * q * LANES));
-                }
-            }
-        }
+        let mut sums = sums512::<C>(acc, c0, job.chunks.start > 0);
         let mut wv = [_mm512_setzero_ps(); C];
         for ch in job.chunks.clone() {
             for (i, v) in wv.iter_mut().enumerate() {
@@ -237,11 +216,7 @@ pub(super) mod avx512 {
                 }
             }
         }
-        for (q, sums_q) in sums.iter().enumerate() {
-            for (c, s) in sums_q.iter().enumerate() {
-                _mm512_storeu_ps(acc[c0 + c].as_mut_ptr().add(2 * q * LANES), *s);
-            }
-        }
+        store512(acc, c0, &sums);
     }
 
     /// Every weight row of the job, four at a time, over the whole panel.
@@ -250,9 +225,8 @@ pub(super) mod avx512 {
     /// The CPU must support AVX-512 F/BW/VL, AVX2, FMA and F16C; `acc` holds one entry per
     /// weight row and the panel the job's chunks (checked by the caller).
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-    pub(in super::super) unsafe fn accumulate(job: &Job<'_>, acc: &mut [Lanes]) {
+    pub(in super::super) unsafe fn accumulate(bf16: bool, job: &Job<'_>, acc: &mut [Lanes]) {
         let rows = acc.len();
-        let bf16 = job.kind == super::super::HalfType::Bf16;
         let mut c0 = 0;
         while c0 < rows {
             match (bf16, rows - c0) {

@@ -36,6 +36,31 @@
 //! - [`gelu`]: Gemma's GELU·up with glibc's `tanhf` reproduced bit for bit in AVX-512 lanes
 //!   (the scalar libm call was 12% of a Gemma 3 profile).
 
+/// [`OwnMatrix`] for a matrix type whose inherent `shape`, `storage_bytes`, `matmul` and
+/// `dequantize_row` are the trait's (the float weight kernels: they share no other input).
+macro_rules! own_matrix_from_inherent {
+    ($matrix:ty) => {
+        impl $crate::model::kernels::OwnMatrix for $matrix {
+            fn shape(&self) -> (usize, usize) {
+                self.shape()
+            }
+
+            fn storage_bytes(&self) -> usize {
+                self.storage_bytes()
+            }
+
+            fn matmul(&self, x: &[f32], m: usize) -> Vec<f32> {
+                self.matmul(x, m)
+            }
+
+            fn dequantize_row(&self, j: usize, out: &mut [f32]) {
+                self.dequantize_row(j, out)
+            }
+        }
+    };
+}
+pub(crate) use own_matrix_from_inherent;
+
 pub mod attention;
 pub mod bf16;
 pub mod exp64;
