@@ -1,3 +1,6 @@
+use super::super::half_driver::tests::{
+    check_levels, check_rows_stand_alone, naive as naive_products, random_x, same_bits, SHAPES,
+};
 use super::super::panel::tests::lcg;
 use super::*;
 
@@ -8,29 +11,17 @@ fn random_bytes(n: usize, k: usize, seed: &mut u64) -> Vec<u8> {
         .collect()
 }
 
-fn random_x(len: usize, seed: &mut u64) -> Vec<f32> {
-    (0..len)
-        .map(|_| lcg(seed) * 3.0 * 2f32.powi((lcg(seed) * 4.0) as i32))
-        .collect()
-}
+super::super::half_driver::tests::product_of!(F32Matrix);
 
-/// The products in f64, and the sum of their magnitudes (the scale of f32's rounding error).
-fn naive(w: &F32Matrix, x: &[f32], m: usize) -> Vec<(f64, f64)> {
-    let (n, k) = w.shape();
-    let values = w.values.get();
-    let mut out = Vec::with_capacity(m * n);
-    for row in 0..m {
-        for j in 0..n {
-            let (mut s, mut mag) = (0f64, 0f64);
-            for e in 0..k {
-                let p = values[j * k + e] as f64 * x[row * k + e] as f64;
-                s += p;
-                mag += p.abs();
-            }
-            out.push((s, mag));
-        }
-    }
-    out
+/// The products in f64, and the sum of their magnitudes.
+fn naive(w: &F32Matrix, x: &[f32]) -> Vec<(f64, f64)> {
+    let k = w.k;
+    naive_products(
+        w.shape(),
+        x,
+        |j, e| w.values.get()[j * k + e] as f64,
+        |x| x as f64,
+    )
 }
 
 /// The definition written out for one output: lane sums by fused multiply-adds, ggml's
@@ -50,24 +41,6 @@ fn definition(w: &[f32], x: &[f32]) -> f32 {
         .fold(sum, |s, (&w, &x)| w.mul_add(x, s))
 }
 
-/// Rows not a multiple of the panel (8), outputs not a multiple of any tile (3, 6, 12), k not
-/// a multiple of the lanes (8) nor of a K slice (512).
-const SHAPES: [(usize, usize, usize); 11] = [
-    (1, 1, 1),
-    (3, 5, 7),
-    (9, 13, 37),
-    (17, 30, 64),
-    (8, 25, 200),
-    (33, 12, 129),
-    (5, 4, 8),
-    (12, 49, 576),
-    (19, 23, 1100),
-    // Enough panels that the threads split them (not the weight rows), more weight rows than
-    // one cache block, several K slices; the second with tail values.
-    (300, 203, 1040),
-    (131, 100, 1043),
-];
-
 fn levels() -> Vec<Isa> {
     [Isa::Portable, Isa::Avx2, Isa::Avx512]
         .into_iter()
@@ -75,43 +48,21 @@ fn levels() -> Vec<Isa> {
         .collect()
 }
 
-fn same_bits(a: &[f32], b: &[f32]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
-}
-
 #[test]
 fn matches_naive_reference_and_every_path_gives_the_same_bits() {
     let mut seed = 17;
-    let mut checked_levels = 0;
     for &(m, n, k) in &SHAPES {
         let w = F32Matrix::from_bytes(&random_bytes(n, k, &mut seed), n, k).expect("layout");
         let x = random_x(m * k, &mut seed);
-        let want = naive(&w, &x, m);
-        let portable = w.matmul_at(&x, m, Isa::Portable);
-        for (i, (&g, &(e, mag))) in portable.iter().zip(&want).enumerate() {
-            let g = g as f64;
-            assert!(
-                (g - e).abs() <= 1e-6 * mag + 1e-30,
-                "({m},{n},{k}) [{i}] {g} vs {e}"
-            );
-        }
+        let what = format!("({m},{n},{k})");
+        let portable = check_levels(&w, (&x, m), &naive(&w, &x), &levels(), &what);
         // The portable path is the definition, output by output.
         for (i, &g) in portable.iter().enumerate() {
             let (row, j) = (i / n, i % n);
             let d = definition(&w.values.get()[j * k..][..k], &x[row * k..][..k]);
-            assert_eq!(g.to_bits(), d.to_bits(), "({m},{n},{k}) [{i}]");
+            assert_eq!(g.to_bits(), d.to_bits(), "{what} [{i}]");
         }
-        for isa in levels() {
-            let got = w.matmul_at(&x, m, isa);
-            assert!(
-                same_bits(&got, &portable),
-                "({m},{n},{k}) {isa:?} differs from portable"
-            );
-            checked_levels += 1;
-        }
-        assert!(same_bits(&w.matmul(&x, m), &portable));
     }
-    assert_eq!(checked_levels, SHAPES.len() * levels().len());
 }
 
 #[test]
@@ -180,25 +131,7 @@ fn rows_do_not_depend_on_their_neighbours_or_the_thread_count() {
     let mut seed = 5;
     let (n, k) = (41, 72);
     let w = F32Matrix::from_bytes(&random_bytes(n, k, &mut seed), n, k).expect("layout");
-    // 26 panels: split by panels up to 3 threads, by weight rows beyond.
-    let m = 201;
-    let x = random_x(m * k, &mut seed);
-    let all = w.matmul(&x, m);
-    for r in [0, 5, 16, 36, 200] {
-        let one = w.matmul(&x[r * k..(r + 1) * k], 1);
-        assert_eq!(&all[r * n..(r + 1) * n], one.as_slice());
-    }
-    let tail = w.matmul(&x[3 * k..], m - 3);
-    assert_eq!(&all[3 * n..], tail.as_slice());
-    for threads in [1, 3, 8] {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()
-            .expect("pool");
-        assert_eq!(pool.install(|| w.matmul(&x, m)), all);
-        let few = pool.install(|| w.matmul(&x[..3 * k], 3));
-        assert_eq!(few.as_slice(), &all[..3 * n]);
-    }
+    check_rows_stand_alone(&w, (n, k), &mut seed);
 }
 
 #[test]

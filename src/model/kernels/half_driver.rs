@@ -16,6 +16,10 @@ use super::Isa;
 #[path = "half_driver_x86.rs"]
 pub(crate) mod x86;
 
+#[cfg(test)]
+#[path = "half_driver_tests.rs"]
+pub(crate) mod tests;
+
 /// Activation rows per panel (one micro-kernel pass over a weight row yields this many).
 pub const PANEL: usize = 8;
 /// Lanes of each output's sum.

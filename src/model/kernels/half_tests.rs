@@ -1,3 +1,6 @@
+use super::super::half_driver::tests::{
+    check_levels, check_rows_stand_alone, naive as naive_products, random_x, SHAPES,
+};
 use super::super::panel::tests::lcg;
 use super::*;
 
@@ -15,46 +18,19 @@ fn random_bytes(kind: HalfType, n: usize, k: usize, seed: &mut u64) -> Vec<u8> {
         .collect()
 }
 
-fn random_x(len: usize, seed: &mut u64) -> Vec<f32> {
-    (0..len)
-        .map(|_| lcg(seed) * 3.0 * 2f32.powi((lcg(seed) * 4.0) as i32))
-        .collect()
-}
+super::super::half_driver::tests::product_of!(HalfMatrix);
 
 /// The widened weights times the rounded activations, in f64, and the sum of the products'
-/// magnitudes (the scale of f32's rounding error).
-fn naive(w: &HalfMatrix, x: &[f32], m: usize) -> Vec<(f64, f64)> {
-    let (n, k) = w.shape();
-    let mut out = Vec::with_capacity(m * n);
-    for row in 0..m {
-        for j in 0..n {
-            let (mut s, mut mag) = (0f64, 0f64);
-            for e in 0..k {
-                let p =
-                    w.kind.widen(w.bits[j * k + e]) as f64 * w.kind.round(x[row * k + e]) as f64;
-                s += p;
-                mag += p.abs();
-            }
-            out.push((s, mag));
-        }
-    }
-    out
+/// magnitudes.
+fn naive(w: &HalfMatrix, x: &[f32]) -> Vec<(f64, f64)> {
+    let (k, kind) = (w.k, w.kind);
+    naive_products(
+        w.shape(),
+        x,
+        |j, e| kind.widen(w.bits[j * k + e]) as f64,
+        |x| kind.round(x) as f64,
+    )
 }
-
-const SHAPES: [(usize, usize, usize); 10] = [
-    (1, 1, 1),
-    (3, 5, 7),
-    (9, 13, 37),
-    (17, 30, 64),
-    (8, 25, 200),
-    (33, 12, 129),
-    (5, 4, 8),
-    (12, 49, 576),
-    // Enough panels that the threads split them (not the weight rows), more weight rows than
-    // one cache block, several K slices; the second with tail values.
-    (300, 203, 1040),
-    (131, 100, 1043),
-];
 
 fn levels() -> Vec<Isa> {
     [Isa::Portable, Isa::Avx2, Isa::Avx512]
@@ -71,30 +47,8 @@ fn matches_naive_reference_and_every_path_gives_the_same_bits() {
             let w = HalfMatrix::from_bytes(kind, &random_bytes(kind, n, k, &mut seed), n, k)
                 .expect("layout");
             let x = random_x(m * k, &mut seed);
-            let want = naive(&w, &x, m);
-            let portable = w.matmul_at(&x, m, Isa::Portable);
-            for (i, (&g, &(e, mag))) in portable.iter().zip(&want).enumerate() {
-                let g = g as f64;
-                assert!(
-                    (g - e).abs() <= 1e-6 * mag + 1e-30,
-                    "{kind:?} ({m},{n},{k}) [{i}] {g} vs {e}"
-                );
-            }
-            for isa in levels() {
-                let got = w.matmul_at(&x, m, isa);
-                let same = got
-                    .iter()
-                    .zip(&portable)
-                    .all(|(a, b)| a.to_bits() == b.to_bits());
-                assert!(same, "{kind:?} ({m},{n},{k}) {isa:?} differs from portable");
-            }
-            assert_eq!(
-                w.matmul(&x, m)
-                    .iter()
-                    .map(|v| v.to_bits())
-                    .collect::<Vec<_>>(),
-                portable.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
-            );
+            let what = format!("{kind:?} ({m},{n},{k})");
+            check_levels(&w, (&x, m), &naive(&w, &x), &levels(), &what);
         }
     }
 }
@@ -153,25 +107,7 @@ fn rows_do_not_depend_on_their_neighbours_or_the_thread_count() {
     for kind in [HalfType::F16, HalfType::Bf16] {
         let w = HalfMatrix::from_bytes(kind, &random_bytes(kind, n, k, &mut seed), n, k)
             .expect("layout");
-        // 26 panels: split by panels up to 3 threads, by weight rows beyond.
-        let m = 201;
-        let x = random_x(m * k, &mut seed);
-        let all = w.matmul(&x, m);
-        for r in [0, 5, 16, 36, 200] {
-            let one = w.matmul(&x[r * k..(r + 1) * k], 1);
-            assert_eq!(&all[r * n..(r + 1) * n], one.as_slice());
-        }
-        let tail = w.matmul(&x[3 * k..], m - 3);
-        assert_eq!(&all[3 * n..], tail.as_slice());
-        for threads in [1, 3, 8] {
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(threads)
-                .build()
-                .expect("pool");
-            assert_eq!(pool.install(|| w.matmul(&x, m)), all);
-            let few = pool.install(|| w.matmul(&x[..3 * k], 3));
-            assert_eq!(few.as_slice(), &all[..3 * n]);
-        }
+        check_rows_stand_alone(&w, (n, k), &mut seed);
     }
 }
 
