@@ -57,45 +57,25 @@ impl SuperBlock for Q4KBlock {
 
 #[cfg(test)]
 pub(crate) mod tests {
-    use super::super::tests::{check_dequantization, random_f16};
-    use super::super::QK_K;
+    use super::super::tests::{check_dequantization, random_with_mins, reference_scale_and_min};
     use super::*;
     use candle_core::quantized::GgmlDType;
 
     /// Random super-blocks: finite positive scales, random packed scales, mins and values.
     pub(crate) fn random_q4k(n: usize, k: usize, seed: &mut u64) -> Vec<u8> {
-        let mut bytes = Vec::new();
-        for _ in 0..n * k / QK_K {
-            bytes.extend_from_slice(&random_f16(seed, 0.01));
-            bytes.extend_from_slice(&random_f16(seed, 0.002));
-            for _ in 4..Q4KBlock::FILE_BYTES {
-                bytes.push(super::super::tests::random_byte(seed));
-            }
-        }
-        bytes
+        random_with_mins(Q4KBlock::FILE_BYTES, (n, k), seed)
     }
 
     /// Value `e` of a super-block by the GGUF definition, in f64.
     pub(crate) fn reference(blk: &[u8], e: usize) -> f64 {
-        let d = f16::from_le_bytes([blk[0], blk[1]]).to_f64();
-        let dmin = f16::from_le_bytes([blk[2], blk[3]]).to_f64();
-        let s = e / 32;
-        let sc = &blk[4..16];
-        let (scale, min) = if s < 4 {
-            (sc[s] & 63, sc[s + 4] & 63)
-        } else {
-            (
-                (sc[s + 4] & 15) | ((sc[s - 4] >> 6) << 4),
-                (sc[s + 4] >> 4) | ((sc[s] >> 6) << 4),
-            )
-        };
+        let (scale, min) = reference_scale_and_min(blk, e / 32);
         let byte = blk[16 + 32 * (e / 64) + e % 32];
         let q = if (e / 32).is_multiple_of(2) {
             byte & 15
         } else {
             byte >> 4
         };
-        d * scale as f64 * q as f64 - dmin * min as f64
+        scale * q as f64 - min
     }
 
     #[test]

@@ -19,6 +19,38 @@ pub(crate) fn random_f16(seed: &mut u64, scale: f32) -> [u8; 2] {
     f16::from_f32((lcg(seed).abs() + 0.01) * scale).to_le_bytes()
 }
 
+/// Random super-blocks of `bytes` bytes each for a `[n, k]` matrix: finite positive scales
+/// `d` and `dmin`, then random packed scales, mins and values (Q4_K and Q5_K).
+pub(crate) fn random_with_mins(bytes: usize, (n, k): (usize, usize), seed: &mut u64) -> Vec<u8> {
+    let mut out = Vec::new();
+    for _ in 0..n * k / QK_K {
+        out.extend_from_slice(&random_f16(seed, 0.01));
+        out.extend_from_slice(&random_f16(seed, 0.002));
+        for _ in 4..bytes {
+            out.push(random_byte(seed));
+        }
+    }
+    out
+}
+
+/// By the GGUF definition, in f64: `d · scale` and `dmin · min` of sub-block `s` (of 32
+/// values) of a Q4_K or Q5_K super-block (its `d`, `dmin`, then twelve bytes of 6-bit scales
+/// and mins).
+pub(crate) fn reference_scale_and_min(blk: &[u8], s: usize) -> (f64, f64) {
+    let d = f16::from_le_bytes([blk[0], blk[1]]).to_f64();
+    let dmin = f16::from_le_bytes([blk[2], blk[3]]).to_f64();
+    let sc = &blk[4..16];
+    let (scale, min) = if s < 4 {
+        (sc[s] & 63, sc[s + 4] & 63)
+    } else {
+        (
+            (sc[s + 4] & 15) | ((sc[s - 4] >> 6) << 4),
+            (sc[s + 4] >> 4) | ((sc[s] >> 6) << 4),
+        )
+    };
+    (d * scale as f64, dmin * min as f64)
+}
+
 /// Dequantized rows equal candle's dequantization bit for bit, for random bytes and for
 /// weights written by candle's own quantizer.
 pub(crate) fn check_dequantization<B: SuperBlock>(dtype: GgmlDType, generate: Generator) {
