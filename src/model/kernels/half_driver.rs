@@ -242,37 +242,30 @@ fn fill<K: PanelKernel>(
     let panels = a.panels();
     let threads = rayon::current_num_threads().max(1);
     let whole = OutBlock::of(out, n);
-    if panels >= PANELS_PER_THREAD * threads {
-        // One contiguous run of panels per thread: each streams the weights through its
-        // cache once per weight block.
+    // Many rows: one contiguous run of panels per thread, each streaming the weights through
+    // its cache once per weight block. Few rows: the threads split the weight rows instead
+    // (evenly, whatever the number of panels). Either way each task writes its block of the
+    // output in place (a part per thread copied in afterwards was a fresh 6 MB per thread per
+    // block of SmolLM2's logits, page faults and all, and a second pass over them).
+    let tasks: Vec<(Range<usize>, Range<usize>)> = if panels >= PANELS_PER_THREAD * threads {
         let per_task = panels.div_ceil(threads);
         (0..panels)
             .step_by(per_task)
-            .collect::<Vec<_>>()
-            .into_par_iter()
-            .for_each(|p0| {
-                let ps = p0..(p0 + per_task).min(panels);
-                // SAFETY: the tasks' runs of panels, hence of output rows, are disjoint.
-                let out = unsafe { whole.part(p0 * PANEL..(ps.end * PANEL).min(m), 0..n) };
-                block(kernel, a, ps, 0..n, isa, out);
-            });
+            .map(|p0| (p0..(p0 + per_task).min(panels), 0..n))
+            .collect()
     } else {
-        // Few rows: the threads split the weight rows instead (evenly, whatever the number
-        // of panels), each writing its columns of every output row in place (a part per
-        // thread copied in afterwards was a fresh 6 MB per thread per block of SmolLM2's
-        // logits, page faults and all, and a second pass over them).
         let per_task = n.div_ceil(threads).next_multiple_of(ROW_GROUP);
         (0..n)
             .step_by(per_task)
-            .collect::<Vec<_>>()
-            .into_par_iter()
-            .for_each(|j0| {
-                let cols = j0..(j0 + per_task).min(n);
-                // SAFETY: the tasks' columns are disjoint.
-                let out = unsafe { whole.part(0..m, cols.clone()) };
-                block(kernel, a, 0..panels, cols, isa, out);
-            });
-    }
+            .map(|j0| (0..panels, j0..(j0 + per_task).min(n)))
+            .collect()
+    };
+    tasks.into_par_iter().for_each(|(ps, cols)| {
+        let rows = ps.start * PANEL..(ps.end * PANEL).min(m);
+        // SAFETY: the tasks' blocks (their panels' rows × their columns) are disjoint.
+        let out = unsafe { whole.part(rows, cols.clone()) };
+        block(kernel, a, ps, cols, isa, out);
+    });
 }
 
 /// Where a task writes its outputs: `rows × width` values from `ptr`, each row `stride`
