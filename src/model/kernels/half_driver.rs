@@ -1,8 +1,12 @@
-//! The tiling and threading driver shared by the float weight kernels ([`super::half`] for
-//! F16, [`super::bf16`] for BF16, [`super::f32_weights`] for F32): how the outputs are split over threads and how weight
-//! rows and activation panels are blocked for the caches. The kernels supply only their
-//! arithmetic ([`PanelKernel`]); neither the split nor the blocking changes any output's
-//! order of operations, so results are the same bits for any thread count.
+//! The one driver of the float weight kernels ([`super::f32_weights`] for F32,
+//! [`super::half`] for F16, [`super::bf16`] for BF16): how the outputs are split over threads
+//! (each task writing its block of the output in place), how weight rows and activation panels
+//! are blocked for the caches, the activations' packing ([`ChunkPanels`]), the job a
+//! micro-kernel takes ([`Job`]), the definition's loop ([`accumulate_lanes`]), the tail, and
+//! the tests every kernel passes (`half_driver_tests.rs`). A kernel supplies only its
+//! arithmetic ([`PanelKernel`]: its micro-kernels per level and one tail step); neither the
+//! split nor the blocking changes any output's order of operations, so results are the same
+//! bits for any thread count.
 
 use std::mem::MaybeUninit;
 use std::ops::Range;
