@@ -35,8 +35,8 @@ const WEIGHT_BLOCK_BYTES: usize = 384 << 10;
 /// Below this many panels per thread, the threads split the weight rows rather than the
 /// panels (a split of few panels leaves threads idle).
 const PANELS_PER_THREAD: usize = 8;
-/// Weight rows are blocked in multiples of this (the micro-kernels take two, three or four
-/// at a time).
+/// Weight rows are blocked in multiples of this (the micro-kernels take two, three, four or
+/// six at a time).
 pub(crate) const ROW_GROUP: usize = 12;
 
 /// One pass of a block of weight rows over a slice of one panel: what a kernel's
@@ -72,8 +72,8 @@ impl<W, X> Job<'_, W, X> {
 
 /// The definition every level of a float kernel follows, one lane at a time: for each weight
 /// row, live panel row and chunk of the job, `step(weights, activations, lanes)` adds the
-/// chunk's `CHUNK` products into that row pair's eight lanes (a pass over the first chunks
-/// starts from zero).
+/// chunk's `chunk` products into the eight lanes of that weight row and panel row (a pass over
+/// the first chunks starts from zero).
 pub(crate) fn accumulate_lanes<W, X>(
     job: &Job<'_, W, X>,
     chunk: usize,
