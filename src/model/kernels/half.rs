@@ -23,13 +23,10 @@
 
 use ::half::f16;
 
-use super::panel::hsum8;
 use super::Isa;
 
 pub use super::half_driver::PANEL;
-use super::half_driver::{
-    accumulate_lanes, ChunkPanel, ChunkPanels, Lanes, OutBlock, PanelKernel, LANES,
-};
+use super::half_driver::{accumulate_lanes, ChunkPanel, ChunkPanels, Lanes, PanelKernel, LANES};
 
 /// Which 16-bit float the weights (and the rounded activations) are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -157,53 +154,6 @@ impl PanelKernel for HalfMatrix {
 
 /// One pass of weight rows over a slice of a panel.
 pub(crate) type Job<'a> = super::half_driver::Job<'a, u16, f32>;
-
-/// The eight panel rows' sums of their lanes, each in ggml's `hsum_float_8` order.
-pub(crate) fn reduce(lanes: &Lanes, isa: Isa) -> [f32; PANEL] {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if isa >= Isa::Avx2 {
-            // SAFETY: AVX2 is present (`isa` is capped by detection).
-            return unsafe { x86::avx2::reduce(lanes) };
-        }
-    }
-    let _ = isa;
-    std::array::from_fn(|r| hsum8(lanes[r * LANES..][..LANES].try_into().expect("8 lanes")))
-}
-
-/// Where [`write_sums`] puts its outputs: weight row `c`'s output for panel row `r` is
-/// `out`'s value (`row0 + r`, `col0 + c`).
-pub(crate) struct SumsOut {
-    pub out: OutBlock,
-    pub row0: usize,
-    pub col0: usize,
-}
-
-/// Every weight row's sums of lanes (`acc[c]`) for the first `live` panel rows, each in
-/// ggml's `hsum_float_8` order ([`reduce`]'s sums), written to `dst`.
-pub(crate) fn write_sums(acc: &[Lanes], live: usize, dst: SumsOut, isa: Isa) {
-    assert!(live <= PANEL);
-    if acc.is_empty() || live == 0 {
-        return;
-    }
-    assert!(dst.row0 + live <= dst.out.rows() && dst.col0 + acc.len() <= dst.out.width());
-    #[cfg(target_arch = "x86_64")]
-    {
-        if isa >= Isa::Avx2 {
-            // SAFETY: AVX2 is present (`isa` is capped by detection); the bounds were
-            // checked above.
-            return unsafe { x86::avx2::write_sums(acc, live, dst) };
-        }
-    }
-    let _ = isa;
-    for (c, lanes) in acc.iter().enumerate() {
-        for r in 0..live {
-            let sum = hsum8(lanes[r * LANES..][..LANES].try_into().expect("8 lanes"));
-            // SAFETY: inside the block (checked above), which this task alone writes.
-            unsafe { dst.out.at(dst.row0 + r, dst.col0 + c).write(sum) };
-        }
-    }
-}
 
 /// Adds the job's chunks (weights of type `kind`) into `acc[c][r·8 + l]` (weight row `c`,
 /// panel row `r`, lane `l`) at level `isa`: every level performs the same fused multiply-adds

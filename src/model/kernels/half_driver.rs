@@ -8,12 +8,13 @@
 //! split nor the blocking changes any output's order of operations, so results are the same
 //! bits for any thread count.
 
+use std::marker::PhantomData;
 use std::mem::MaybeUninit;
 use std::ops::Range;
 
 use rayon::prelude::*;
 
-use super::half::{write_sums, SumsOut};
+use super::panel::hsum8;
 use super::Isa;
 
 #[cfg(target_arch = "x86_64")]
@@ -221,6 +222,11 @@ pub(crate) fn matmul<K: PanelKernel>(
     isa: Isa,
 ) -> Vec<f32> {
     let n = kernel.shape().0;
+    assert_eq!(
+        a.chunk,
+        K::CHUNK,
+        "activations packed for another kernel's chunk"
+    );
     if m == 0 || n == 0 {
         return vec![0f32; m * n];
     }
@@ -276,27 +282,30 @@ fn fill<K: PanelKernel>(
 /// values after the one before — a block of rows and columns of the whole output, beside
 /// other tasks' blocks (never overlapping them: see [`Self::part`]).
 #[derive(Clone, Copy)]
-pub(crate) struct OutBlock {
+pub(crate) struct OutBlock<'a> {
     ptr: *mut f32,
     rows: usize,
     width: usize,
     stride: usize,
+    /// The output it writes, borrowed for as long as any part of it is in use.
+    out: PhantomData<&'a mut [MaybeUninit<f32>]>,
 }
 
 // SAFETY: an `OutBlock` is a place to write, as `&mut [f32]` is; the tasks given parts of
 // one block write disjoint values (the callers of `part` promise it).
-unsafe impl Send for OutBlock {}
-unsafe impl Sync for OutBlock {}
+unsafe impl Send for OutBlock<'_> {}
+unsafe impl Sync for OutBlock<'_> {}
 
-impl OutBlock {
+impl<'a> OutBlock<'a> {
     /// All of `out`, `width` values per row.
-    pub(crate) fn of(out: &mut [MaybeUninit<f32>], width: usize) -> Self {
+    pub(crate) fn of(out: &'a mut [MaybeUninit<f32>], width: usize) -> Self {
         assert!(width > 0 && out.len().is_multiple_of(width));
         Self {
             ptr: out.as_mut_ptr().cast(),
             rows: out.len() / width,
             width,
             stride: width,
+            out: PhantomData,
         }
     }
 
@@ -312,6 +321,7 @@ impl OutBlock {
             rows: rows.len(),
             width: cols.len(),
             stride: self.stride,
+            out: PhantomData,
         }
     }
 
@@ -337,6 +347,53 @@ impl OutBlock {
     }
 }
 
+/// The eight panel rows' sums of their lanes, each in ggml's `hsum_float_8` order.
+pub(crate) fn reduce(lanes: &Lanes, isa: Isa) -> [f32; PANEL] {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if isa >= Isa::Avx2 {
+            // SAFETY: AVX2 is present (`isa` is capped by detection).
+            return unsafe { x86::reduce(lanes) };
+        }
+    }
+    let _ = isa;
+    std::array::from_fn(|r| hsum8(lanes[r * LANES..][..LANES].try_into().expect("8 lanes")))
+}
+
+/// Where [`write_sums`] puts its outputs: weight row `c`'s output for panel row `r` is
+/// `out`'s value (`row0 + r`, `col0 + c`).
+pub(crate) struct SumsOut<'a> {
+    pub out: OutBlock<'a>,
+    pub row0: usize,
+    pub col0: usize,
+}
+
+/// Every weight row's sums of lanes (`acc[c]`) for the first `live` panel rows, each in
+/// ggml's `hsum_float_8` order ([`reduce`]'s sums), written to `dst`.
+pub(crate) fn write_sums(acc: &[Lanes], live: usize, dst: SumsOut<'_>, isa: Isa) {
+    assert!(live <= PANEL);
+    if acc.is_empty() || live == 0 {
+        return;
+    }
+    assert!(dst.row0 + live <= dst.out.rows() && dst.col0 + acc.len() <= dst.out.width());
+    #[cfg(target_arch = "x86_64")]
+    {
+        if isa >= Isa::Avx2 {
+            // SAFETY: AVX2 is present (`isa` is capped by detection); the bounds were
+            // checked above.
+            return unsafe { x86::write_sums(acc, live, dst) };
+        }
+    }
+    let _ = isa;
+    for (c, lanes) in acc.iter().enumerate() {
+        for r in 0..live {
+            let sum = hsum8(lanes[r * LANES..][..LANES].try_into().expect("8 lanes"));
+            // SAFETY: inside the block (checked above), which this task alone writes.
+            unsafe { dst.out.at(dst.row0 + r, dst.col0 + c).write(sum) };
+        }
+    }
+}
+
 /// The outputs of panels `ps` × weight rows `cols` into `out` (`cols.len()` wide, starting at
 /// panel `ps.start`'s first row; rows past the activations absent): every value of `out` is
 /// written.
@@ -351,7 +408,7 @@ fn block<K: PanelKernel>(
     ps: Range<usize>,
     cols: Range<usize>,
     isa: Isa,
-    out: OutBlock,
+    out: OutBlock<'_>,
 ) {
     let k = kernel.shape().1;
     let chunks = k / K::CHUNK;
@@ -392,7 +449,7 @@ fn block<K: PanelKernel>(
             // The tail's products, one at a time after the lanes' sum.
             for (c, lanes) in acc.iter().enumerate() {
                 let w = &job.w[c * k + k - tail..][..tail];
-                let sums = super::half::reduce(lanes, isa);
+                let sums = reduce(lanes, isa);
                 for (r, &sum) in sums.iter().enumerate().take(job.live) {
                     let x = &job.panel.tail[r * tail..][..tail];
                     let sum = w

@@ -9,7 +9,6 @@ use super::{Job, LANES, PANEL};
 type Lanes = [f32; PANEL * LANES];
 
 pub(super) mod avx2 {
-    use super::super::SumsOut;
     use super::{Job, Lanes, LANES, PANEL};
     use crate::model::kernels::half_driver::x86::{store256, sums256};
     use std::arch::x86_64::*;
@@ -79,79 +78,6 @@ pub(super) mod avx2 {
                 c0 += (rows - c0).min(3);
             }
         }
-    }
-
-    /// The sums of the eight rows of lanes, each as ggml's `hsum_float_8` orders it
-    /// (`((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7))`), eight rows at once: the same additions as
-    /// the scalar order, transposed.
-    ///
-    /// # Safety
-    /// The CPU must support AVX2.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub(in super::super) unsafe fn reduce(lanes: &Lanes) -> [f32; PANEL] {
-        let v: [__m256; PANEL] =
-            std::array::from_fn(|r| _mm256_loadu_ps(lanes.as_ptr().add(r * LANES)));
-        let mut out = [0f32; PANEL];
-        _mm256_storeu_ps(out.as_mut_ptr(), hsum8_x8(v));
-        out
-    }
-
-    /// [`super::super::write_sums`]: eight weight rows at a time, their sums gathered across
-    /// weight rows (the same additions as [`reduce`]) so that the eight outputs are
-    /// neighbours in an output row; the last `acc.len() mod 8` rows by [`reduce`].
-    ///
-    /// # Safety
-    /// The CPU must support AVX2; `dst` holds every output (checked by the caller).
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub(in super::super) unsafe fn write_sums(acc: &[Lanes], live: usize, dst: SumsOut) {
-        let at = |r: usize, c: usize| dst.out.at(dst.row0 + r, dst.col0 + c);
-        let grouped = acc.len() / PANEL * PANEL;
-        for c in (0..grouped).step_by(PANEL) {
-            for r in 0..live {
-                let v: [__m256; PANEL] =
-                    std::array::from_fn(|i| _mm256_loadu_ps(acc[c + i].as_ptr().add(r * LANES)));
-                _mm256_storeu_ps(at(r, c), hsum8_x8(v));
-            }
-        }
-        for (c, lanes) in acc.iter().enumerate().skip(grouped) {
-            let sums = reduce(lanes);
-            for (r, &sum) in sums.iter().enumerate().take(live) {
-                *at(r, c) = sum;
-            }
-        }
-    }
-
-    /// The eight vectors' sums of their lanes, in order, each as ggml's `hsum_float_8`.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn hsum8_x8(v: [__m256; PANEL]) -> __m256 {
-        // [a0+a4, a1+a5, a2+a6, a3+a7] of rows r and r+1 in the two 128-bit halves.
-        let fold = |a: __m256, b: __m256| {
-            _mm256_add_ps(
-                _mm256_permute2f128_ps::<0x20>(a, b),
-                _mm256_permute2f128_ps::<0x31>(a, b),
-            )
-        };
-        let (t01, t23, t45, t67) = (
-            fold(v[0], v[1]),
-            fold(v[2], v[3]),
-            fold(v[4], v[5]),
-            fold(v[6], v[7]),
-        );
-        // [(a0+a4)+(a2+a6), (a1+a5)+(a3+a7)] of rows (0, 2 | 1, 3) and (4, 6 | 5, 7).
-        let pair = |a: __m256, b: __m256| {
-            _mm256_add_ps(
-                _mm256_shuffle_ps::<0x44>(a, b),
-                _mm256_shuffle_ps::<0xEE>(a, b),
-            )
-        };
-        let (s03, s47) = (pair(t01, t23), pair(t45, t67));
-        // The two halves added: rows (0, 2, 4, 6 | 1, 3, 5, 7).
-        let sums = _mm256_add_ps(
-            _mm256_shuffle_ps::<0x88>(s03, s47),
-            _mm256_shuffle_ps::<0xDD>(s03, s47),
-        );
-        _mm256_permutevar8x32_ps(sums, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
     }
 
     /// Eight values rounded to F16 or BF16 (nearest even; NaNs made quiet), as f32: the same
