@@ -4,7 +4,7 @@
 //! selects Q4_1 (minima, no offset) over Q4_0 at compile time.
 
 use super::super::shared_x86 as shared;
-use super::super::tiles::{TileConfig, Tiles};
+use super::super::tiles::{self, TileConfig, Tiles};
 use super::super::Format;
 use super::{FourBit, GroupOut, Q4Job, GROUP};
 use crate::model::kernels::panel::{BLOCK, PANEL};
@@ -64,8 +64,11 @@ pub(super) unsafe fn group_avx512<const MIN: bool>(job: &Q4Job<'_>) -> GroupOut 
 }
 
 /// Eight weight rows per 256-bit register (the group in two halves), four panel rows per
-/// pass; `maddubs` + `madd` form each lane's four products per step (no saturation: pairs of
-/// nibble × activation stay below 2¹⁵).
+/// pass; `maddubs` forms each lane's two pairs of products per step, the block's eight steps
+/// are added in 16 bits and one `madd` widens them: exact, since a pair of nibble ×
+/// activation is at most 2·15·128 = 3840 and eight of them 30720 < 2¹⁵ (so neither the
+/// pairs saturate nor their sum wraps). One multiply per step instead of two (`madd` per
+/// step), on CPUs whose vector multiplies are the scarce port.
 ///
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C; the job's lengths were checked by the caller.
@@ -93,12 +96,15 @@ pub(super) unsafe fn group_avx2<const MIN: bool>(job: &Q4Job<'_>) -> GroupOut {
                 }
                 for (dr, acc_r) in acc.iter_mut().enumerate() {
                     let i = b * PANEL + r0 + dr;
-                    let mut s = _mm256_set1_epi32(offset_sum::<MIN>(job, i));
+                    let mut pairs = _mm256_setzero_si256();
                     for (step, w) in w.iter().enumerate() {
                         let a = _mm256_set1_epi32(activation_word(job, i, step));
-                        let pairs = _mm256_maddubs_epi16(*w, a);
-                        s = _mm256_add_epi32(s, _mm256_madd_epi16(pairs, ones));
+                        pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(*w, a));
                     }
+                    let s = _mm256_add_epi32(
+                        _mm256_madd_epi16(pairs, ones),
+                        _mm256_set1_epi32(offset_sum::<MIN>(job, i)),
+                    );
                     *acc_r = shared::block_step_avx2::<MIN>(job, i, scales, s, *acc_r);
                 }
             }
@@ -111,16 +117,7 @@ pub(super) unsafe fn group_avx2<const MIN: bool>(job: &Q4Job<'_>) -> GroupOut {
 /// Tiles: `C` (tmm0) the integer sums, 8 panel rows × 16 weight rows (i32); `A` (tmm4) the
 /// panel's block, 8 rows × 32 bytes; `B` (tmm6) the block's nibbles as bytes, 8 rows (four
 /// values each) × 16 weight rows.
-const TILES: TileConfig = TileConfig::new([
-    (PANEL as u8, 64),
-    (0, 0),
-    (0, 0),
-    (0, 0),
-    (PANEL as u8, BLOCK as u16),
-    (0, 0),
-    (8, 64),
-    (0, 0),
-]);
+const TILES: TileConfig = tiles::pipelined_config(BLOCK as u16);
 
 /// Per block, one `tdpbsud` (signed activations × unsigned nibbles) forms all 8 × 16 sums;
 /// run `t`'s low nibbles become `B` row `t` (values `4t..4t + 4`), its high nibbles row
@@ -137,36 +134,44 @@ pub(super) unsafe fn group_amx<T: Tiles, const MIN: bool>(
 ) -> GroupOut {
     let low = _mm512_set1_epi8(0x0F);
     let mut acc = [_mm512_setzero_ps(); PANEL];
-    let mut weights = [0u8; 8 * 64];
-    let mut sums = [[0i32; 16]; PANEL];
-    tiles.configure(&TILES);
-    for b in 0..job.nb {
-        let src = job
-            .group
+    // One unpacked block per weight tile, so a block's bytes are not overwritten while the
+    // tile unit may still be reading the previous one's.
+    let mut weights = [[0u8; 8 * 64]; 2];
+    let block = |b: usize| {
+        job.group
             .as_ptr()
-            .add(b * FourBit::<MIN>::GROUP_BLOCK_BYTES);
-        for t in 0..4 {
-            let raw = _mm512_loadu_si512(src.add(FourBit::<MIN>::NIBBLES + 64 * t) as *const _);
-            let w = weights.as_mut_ptr();
-            _mm512_storeu_si512(w.add(64 * t) as *mut _, _mm512_and_si512(raw, low));
-            let high = _mm512_and_si512(_mm512_srli_epi16::<4>(raw), low);
-            _mm512_storeu_si512(w.add(64 * (t + 4)) as *mut _, high);
-        }
-        tiles.zero(0);
-        tiles.load(4, job.a.qs.as_ptr().add(b * PANEL) as *const u8, BLOCK);
-        tiles.load(6, weights.as_ptr(), 64);
-        tiles.dp_su(0, 4, 6);
-        tiles.store(0, sums.as_mut_ptr() as *mut u8, 64);
-        let scales = shared::scales::<MIN>(src);
-        for (r, acc_r) in acc.iter_mut().enumerate() {
-            let i = b * PANEL + r;
-            let s = _mm512_add_epi32(
-                _mm512_loadu_si512(sums[r].as_ptr() as *const _),
-                _mm512_set1_epi32(offset_sum::<MIN>(job, i)),
-            );
-            *acc_r = shared::block_step::<MIN>(job, i, scales, s, *acc_r);
-        }
-    }
-    tiles.release();
+            .add(b * FourBit::<MIN>::GROUP_BLOCK_BYTES)
+    };
+    tiles.configure(&TILES);
+    tiles::pipelined(
+        tiles,
+        job.nb,
+        |tiles, b, t| {
+            let src = block(b);
+            let w = weights[(t.b - 6) as usize].as_mut_ptr();
+            for run in 0..4 {
+                let raw =
+                    _mm512_loadu_si512(src.add(FourBit::<MIN>::NIBBLES + 64 * run) as *const _);
+                _mm512_storeu_si512(w.add(64 * run) as *mut _, _mm512_and_si512(raw, low));
+                let high = _mm512_and_si512(_mm512_srli_epi16::<4>(raw), low);
+                _mm512_storeu_si512(w.add(64 * (run + 4)) as *mut _, high);
+            }
+            tiles.zero(t.c);
+            tiles.load(t.a, job.a.qs.as_ptr().add(b * PANEL) as *const u8, BLOCK);
+            tiles.load(t.b, w, 64);
+            tiles.dp_su(t.c, t.a, t.b);
+        },
+        |b, sums| {
+            let scales = shared::scales::<MIN>(block(b));
+            for (r, acc_r) in acc.iter_mut().enumerate() {
+                let i = b * PANEL + r;
+                let s = _mm512_add_epi32(
+                    _mm512_loadu_si512(sums[r].as_ptr() as *const _),
+                    _mm512_set1_epi32(offset_sum::<MIN>(job, i)),
+                );
+                *acc_r = shared::block_step::<MIN>(job, i, scales, s, *acc_r);
+            }
+        },
+    );
     crate::model::kernels::avx512::lanes_to_outputs(&acc)
 }

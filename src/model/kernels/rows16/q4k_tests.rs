@@ -1,4 +1,4 @@
-use super::super::tests::{format_tests, Case};
+use super::super::tests::{check_extreme_blocks, format_tests, Case};
 use super::*;
 use crate::model::kernels::kquant::q4k::tests as q4k_file;
 use crate::model::kernels::kquant::q5k::tests as q5k_file;
@@ -83,4 +83,25 @@ fn every_fifth_bit_reaches_its_value() {
         };
         assert_eq!(*v, want, "value {e}");
     }
+}
+
+/// A K-quant super-block with mins (`bytes` long: Q4_K 144, Q5_K 176) whose every scale and
+/// min is the largest (63) and whose value bytes are all `fill` (0xFF: every value 15, Q5_K
+/// 31), with `d` of either sign.
+fn extreme_with_mins(bytes: usize, b: usize) -> Vec<u8> {
+    let mut block = f16::from_f32(if b.is_multiple_of(2) { 1.0 } else { -2.5 })
+        .to_le_bytes()
+        .to_vec();
+    block.extend_from_slice(&f16::from_f32(0.5).to_le_bytes());
+    block.extend_from_slice(&[if b % 4 == 3 { 0xAA } else { 0xFF }; 12]);
+    block.resize(bytes, [0xFF, 0x00, 0xF0, 0xFF][b % 4]);
+    block
+}
+
+#[test]
+fn extreme_blocks_give_the_same_bits_on_every_path() {
+    // The largest values and scales against ±127 activations of one sign and of both: the
+    // largest sums each path forms (the AVX2 kernels add steps in 16 bits).
+    check_extreme_blocks::<Q4K>(|b| extreme_with_mins(144, b));
+    check_extreme_blocks::<Q5K>(|b| extreme_with_mins(176, b));
 }

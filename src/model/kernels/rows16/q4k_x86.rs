@@ -3,7 +3,7 @@
 //! operations per output as [`super::NibblesK`]'s portable definition. `HIGH` selects Q5_K
 //! (a fifth bit per value) over Q4_K at compile time.
 
-use super::super::tiles::{TileConfig, Tiles};
+use super::super::tiles::{self, TileConfig, Tiles};
 use super::super::Format;
 use super::{GroupOut, KJob, NibblesK, DMIN, GROUP, HIGH_BITS, MINS, NIBBLES, SCALES, SUB_BLOCKS};
 use crate::model::kernels::kquant::q8k::SUB_BLOCK_PAIRS;
@@ -170,15 +170,18 @@ unsafe fn outputs((acc, acc_min): &Accumulators) -> GroupOut {
 }
 
 /// Eight weight rows per 256-bit register (the group in two halves), four panel rows per
-/// pass; `maddubs` + `madd` form each lane's four products per step (no saturation: pairs of
-/// a 5-bit value times an activation stay below 2¹⁵), `madd` two sub-blocks' mins terms.
+/// pass; `maddubs` forms each lane's two pairs of products per step, the steps are added in
+/// 16 bits, and one `madd` against the rows' scales (each 32-bit lane the scale twice) both
+/// widens and scales them — exact: a pair is at most 2·15·128 = 3840 for Q4_K (eight steps
+/// 30720) and 2·31·128 = 7936 for Q5_K (four steps 31744), below 2¹⁵, so Q4_K adds all
+/// eight steps in 16 bits and Q5_K two runs of four. One multiply per step instead of two
+/// and no `mullo` per sub-block; `madd` forms two sub-blocks' mins terms.
 ///
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C; the job's lengths were checked by the caller.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn group_avx2<const HIGH: bool>(job: &KJob<'_>) -> GroupOut {
     const ROWS: usize = 4;
-    let ones = _mm256_set1_epi16(1);
     let mut out = [[0f32; GROUP]; PANEL];
     for half in 0..2 {
         for r0 in (0..PANEL).step_by(ROWS) {
@@ -193,15 +196,20 @@ pub(super) unsafe fn group_avx2<const HIGH: bool>(job: &KJob<'_>) -> GroupOut {
                     let scale = _mm256_cvtepu8_epi32(_mm_loadl_epi64(
                         src.add(SCALES + GROUP * s + 8 * half) as *const __m128i,
                     ));
+                    let scale = _mm256_or_si256(scale, _mm256_slli_epi32::<16>(scale));
                     for (dr, sum) in sums.iter_mut().enumerate() {
                         let i = b * PANEL + r0 + dr;
-                        let mut t = _mm256_setzero_si256();
-                        for (step, w) in w.iter().enumerate() {
-                            let a = _mm256_set1_epi32(activation_word(job, i, 32 * s + 4 * step));
-                            let pairs = _mm256_maddubs_epi16(*w, a);
-                            t = _mm256_add_epi32(t, _mm256_madd_epi16(pairs, ones));
+                        // Steps added in 16 bits: all eight for Q4_K, runs of four for Q5_K.
+                        let run = if HIGH { 4 } else { 8 };
+                        for (c, steps) in w.chunks_exact(run).enumerate() {
+                            let mut pairs = _mm256_setzero_si256();
+                            for (step, w) in steps.iter().enumerate() {
+                                let at = 32 * s + 4 * (c * run + step);
+                                let a = _mm256_set1_epi32(activation_word(job, i, at));
+                                pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(*w, a));
+                            }
+                            *sum = _mm256_add_epi32(*sum, _mm256_madd_epi16(pairs, scale));
                         }
-                        *sum = _mm256_add_epi32(*sum, _mm256_mullo_epi32(t, scale));
                     }
                 }
                 let mut mins = [_mm256_setzero_si256(); ROWS];
@@ -238,16 +246,7 @@ pub(super) unsafe fn group_avx2<const HIGH: bool>(job: &KJob<'_>) -> GroupOut {
 /// Tiles: `C` (tmm0) one sub-block's integer sums, 8 panel rows × 16 weight rows (i32); `A`
 /// (tmm4) the panel's 32 activations of the sub-block (rows 256 bytes apart); `B` (tmm6) the
 /// sub-block's nibbles as bytes, 8 rows (four values each) × 16 weight rows.
-const TILES: TileConfig = TileConfig::new([
-    (PANEL as u8, 64),
-    (0, 0),
-    (0, 0),
-    (0, 0),
-    (PANEL as u8, 32),
-    (0, 0),
-    (8, 64),
-    (0, 0),
-]);
+const TILES: TileConfig = tiles::pipelined_config(32);
 
 /// Per super-block, the values unpacked to bytes (sub-block `s` as eight 64-byte rows: row
 /// `t` holds values `32s + 4t..32s + 4t + 4` of each weight row, the tile's layout), then per
@@ -262,34 +261,46 @@ pub(super) unsafe fn group_amx<T: Tiles, const HIGH: bool>(
     job: &KJob<'_>,
 ) -> GroupOut {
     let mut acc = ([_mm512_setzero_ps(); PANEL], [_mm512_setzero_ps(); PANEL]);
-    let mut weights = [0u8; SUB_BLOCKS * 8 * 64];
-    let mut dots = [[0i32; 16]; PANEL];
+    // A super-block's values per parity, so that unpacking the next one never overwrites
+    // bytes the tile unit may still be reading.
+    let mut weights = [[0u8; SUB_BLOCKS * 8 * 64]; 2];
+    let mut sums = [_mm512_setzero_si512(); PANEL];
+    let block = |b: usize| job.group.as_ptr().add(b * block_bytes::<HIGH>());
     tiles.configure(&TILES);
-    for b in 0..job.nb {
-        let src = job.group.as_ptr().add(b * block_bytes::<HIGH>());
-        for s in 0..SUB_BLOCKS {
-            for t in 0..8 {
-                let w = weights.as_mut_ptr().add(512 * s + 64 * t);
-                _mm512_storeu_si512(w as *mut _, values_avx512::<HIGH>(src, s, t));
+    tiles::pipelined(
+        tiles,
+        job.nb * SUB_BLOCKS,
+        |tiles, u, t| {
+            let (b, s) = (u / SUB_BLOCKS, u % SUB_BLOCKS);
+            let w = weights[b % 2].as_mut_ptr();
+            if s == 0 {
+                for s in 0..SUB_BLOCKS {
+                    for run in 0..8 {
+                        let values = values_avx512::<HIGH>(block(b), s, run);
+                        _mm512_storeu_si512(w.add(512 * s + 64 * run) as *mut _, values);
+                    }
+                }
             }
-        }
-        let activations = job.a.qs.as_ptr().add(b * PANEL) as *const u8;
-        let mut sums = [_mm512_setzero_si512(); PANEL];
-        for s in 0..SUB_BLOCKS {
-            tiles.zero(0);
-            tiles.load(4, activations.add(32 * s), QK_K);
-            tiles.load(6, weights.as_ptr().add(512 * s), 64);
-            tiles.dp_su(0, 4, 6);
-            tiles.store(0, dots.as_mut_ptr() as *mut u8, 64);
+            let activations = job.a.qs.as_ptr().add(b * PANEL) as *const u8;
+            tiles.zero(t.c);
+            tiles.load(t.a, activations.add(32 * s), QK_K);
+            tiles.load(t.b, w.add(512 * s), 64);
+            tiles.dp_su(t.c, t.a, t.b);
+        },
+        |u, dots| {
+            let (b, s) = (u / SUB_BLOCKS, u % SUB_BLOCKS);
+            let src = block(b);
             let scale =
                 _mm512_cvtepu8_epi32(_mm_loadu_si128(src.add(SCALES + GROUP * s) as *const _));
-            for (sum, dot) in sums.iter_mut().zip(&dots) {
+            for (sum, dot) in sums.iter_mut().zip(dots) {
                 let dot = _mm512_loadu_si512(dot.as_ptr() as *const _);
                 *sum = _mm512_add_epi32(*sum, _mm512_mullo_epi32(dot, scale));
             }
-        }
-        accumulate_super_block(job, src, b, &sums, &mut acc);
-    }
-    tiles.release();
+            if s == SUB_BLOCKS - 1 {
+                accumulate_super_block(job, src, b, &sums, &mut acc);
+                sums = [_mm512_setzero_si512(); PANEL];
+            }
+        },
+    );
     outputs(&acc)
 }

@@ -2,7 +2,7 @@
 //! output's sub-block sums form in its own lane; the same exact integers and the same float
 //! operations per output as [`super::group_portable`].
 
-use super::super::tiles::{TileConfig, Tiles};
+use super::super::tiles::{self, TileConfig, Tiles};
 use super::{GroupOut, Q6KJob, GROUP, GROUP_BLOCK_BYTES, HIGH, NIBBLES, SCALES, SUB_BLOCKS};
 use crate::model::kernels::kquant::QK_K;
 use crate::model::kernels::panel::PANEL;
@@ -18,15 +18,8 @@ unsafe fn activation_word(job: &Q6KJob<'_>, i: usize, at: usize) -> i32 {
         .read_unaligned()
 }
 
-/// The start of sub-block `s`'s sum for panel entry `i`: the −32 offset of the values through
-/// the activation sum (|32·bsum| ≤ 32·16·127, far from overflow with the products added).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn offset(job: &Q6KJob<'_>, i: usize, s: usize) -> i32 {
-    -32 * *job.a.bsums.get_unchecked(i).get_unchecked(s) as i32
-}
-
-/// Every sub-block's [`offset`] of super-block `b` for the panel's rows, `[row][sub-block]`:
+/// Every sub-block's offset, `−32·bsum` (the −32 of the values through the activation sum),
+/// of super-block `b` for the panel's rows, `[row][sub-block]`:
 /// made once per super-block in vector registers, so that the sub-block loop starts each sum
 /// with a broadcast from memory (a load, not a vector-port operation and three scalar ones).
 #[inline]
@@ -107,8 +100,14 @@ pub(super) unsafe fn group_avx512(job: &Q6KJob<'_>) -> GroupOut {
 }
 
 /// Eight weight rows per 256-bit register (the group in two halves), four panel rows per
-/// pass; `maddubs` + `madd` form each lane's four products per step (no saturation: pairs of
-/// a 6-bit value times an activation stay below 2¹⁵).
+/// pass. `maddubs` forms each lane's two pairs of products per step (6-bit value times
+/// activation), two steps are added in 16 bits (a pair is at most 2·63·128 = 16128, two of
+/// them 32256 < 2¹⁵: exact), and `madd` against the rows' scales (each 32-bit lane the scale
+/// twice) widens and scales them at once. The values' −32 offset is kept out of the sub-block
+/// loop: `−32·Σ_s scale_s·bsum_s` per super-block, two sub-blocks per `madd`
+/// ([`offsets_avx2`]). The same integer sum per super-block as the other levels (no partial
+/// sum comes near 2³¹), with a third of the multiplies of a `madd` per step and a `mullo` per
+/// sub-block.
 ///
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C; the job's lengths were checked by the caller.
@@ -117,14 +116,17 @@ pub(super) unsafe fn group_avx2(job: &Q6KJob<'_>) -> GroupOut {
     const ROWS: usize = 4;
     let low = _mm256_set1_epi8(0x0F);
     let top = _mm256_set1_epi8(0x30);
-    let ones = _mm256_set1_epi16(1);
     let mut out = [[0f32; GROUP]; PANEL];
     for half in 0..2 {
         for r0 in (0..PANEL).step_by(ROWS) {
             let mut acc = [_mm256_setzero_ps(); ROWS];
             for b in 0..job.nb {
                 let src = job.group.as_ptr().add(b * GROUP_BLOCK_BYTES);
+                let pairs = scale_pairs_avx2(src, half);
                 let mut sums = [_mm256_setzero_si256(); ROWS];
+                for (dr, sum) in sums.iter_mut().enumerate() {
+                    *sum = offsets_avx2(job, &pairs, b * PANEL + r0 + dr);
+                }
                 for s in 0..SUB_BLOCKS {
                     let at = |offset: usize| src.add(offset + 32 * half) as *const __m256i;
                     let n0 = _mm256_loadu_si256(at(NIBBLES + 128 * s));
@@ -148,18 +150,18 @@ pub(super) unsafe fn group_avx2(job: &Q6KJob<'_>) -> GroupOut {
                             _mm256_and_si256(_mm256_srli_epi16::<2>(h), top),
                         ),
                     ];
-                    let scale = _mm256_cvtepi8_epi32(_mm_loadl_epi64(
-                        src.add(SCALES + 16 * s + 8 * half) as *const __m128i,
-                    ));
+                    let scale = scales_twice_avx2(src.add(SCALES + 16 * s + 8 * half));
                     for (dr, sum) in sums.iter_mut().enumerate() {
                         let i = b * PANEL + r0 + dr;
-                        let mut t = _mm256_set1_epi32(offset(job, i, s));
-                        for (step, w) in w.iter().enumerate() {
-                            let a = _mm256_set1_epi32(activation_word(job, i, 16 * s + 4 * step));
-                            let pairs = _mm256_maddubs_epi16(*w, a);
-                            t = _mm256_add_epi32(t, _mm256_madd_epi16(pairs, ones));
+                        for (c, w) in w.chunks_exact(2).enumerate() {
+                            let a0 = _mm256_set1_epi32(activation_word(job, i, 16 * s + 8 * c));
+                            let a1 = _mm256_set1_epi32(activation_word(job, i, 16 * s + 8 * c + 4));
+                            let pairs = _mm256_add_epi16(
+                                _mm256_maddubs_epi16(w[0], a0),
+                                _mm256_maddubs_epi16(w[1], a1),
+                            );
+                            *sum = _mm256_add_epi32(*sum, _mm256_madd_epi16(pairs, scale));
                         }
-                        *sum = _mm256_add_epi32(*sum, _mm256_mullo_epi32(t, scale));
                     }
                 }
                 let dw = _mm256_cvtph_ps(_mm_loadu_si128(src.add(16 * half) as *const __m128i));
@@ -174,19 +176,55 @@ pub(super) unsafe fn group_avx2(job: &Q6KJob<'_>) -> GroupOut {
     out
 }
 
+/// Eight signed byte scales at `at` as 32-bit lanes holding each scale twice (two i16), the
+/// second operand of a `madd` that scales a lane's two 16-bit partial sums.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn scales_twice_avx2(at: *const u8) -> __m256i {
+    let wide = _mm256_cvtepi8_epi32(_mm_loadl_epi64(at as *const __m128i));
+    let low = _mm256_and_si256(wide, _mm256_set1_epi32(0xFFFF));
+    _mm256_or_si256(low, _mm256_slli_epi32::<16>(wide))
+}
+
+/// Super-block `src`'s scales for the eight lanes of half `half`, two sub-blocks per
+/// register: lane `j` of entry `t` holds row `j`'s scales of sub-blocks `2t` and `2t + 1` as
+/// two i16 (made once per super-block, not per panel row).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn scale_pairs_avx2(src: *const u8, half: usize) -> [__m256i; SUB_BLOCKS / 2] {
+    let scale = |s: usize| {
+        _mm256_cvtepi8_epi32(_mm_loadl_epi64(
+            src.add(SCALES + 16 * s + 8 * half) as *const __m128i
+        ))
+    };
+    std::array::from_fn(|t| {
+        _mm256_or_si256(
+            _mm256_and_si256(scale(2 * t), _mm256_set1_epi32(0xFFFF)),
+            _mm256_slli_epi32::<16>(scale(2 * t + 1)),
+        )
+    })
+}
+
+/// The −32 offset of a super-block's values for panel entry `i`, in the lanes of `pairs`
+/// ([`scale_pairs_avx2`]): `−32·Σ_s scale_s·bsum_s`, two sub-blocks per `madd` (a lane's scale
+/// pair against the entry's two activation sums; |scale·bsum| ≤ 128·16·128, far from
+/// overflow).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn offsets_avx2(job: &Q6KJob<'_>, pairs: &[__m256i; SUB_BLOCKS / 2], i: usize) -> __m256i {
+    let bsums = job.a.bsums.get_unchecked(i).as_ptr();
+    let mut total = _mm256_setzero_si256();
+    for (t, pair) in pairs.iter().enumerate() {
+        let a = _mm256_set1_epi32(bsums.add(2 * t).cast::<i32>().read_unaligned());
+        total = _mm256_add_epi32(total, _mm256_madd_epi16(*pair, a));
+    }
+    _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32::<5>(total))
+}
+
 /// Tiles: `C` (tmm0) one sub-block's integer sums, 8 panel rows × 16 weight rows (i32); `A`
 /// (tmm4) the panel's 16 activations of the sub-block (rows 256 bytes apart); `B` (tmm6) the
 /// sub-block's 6-bit values as bytes, 4 rows (four values each) × 16 weight rows.
-const TILES: TileConfig = TileConfig::new([
-    (PANEL as u8, 64),
-    (0, 0),
-    (0, 0),
-    (0, 0),
-    (PANEL as u8, 16),
-    (0, 0),
-    (4, 64),
-    (0, 0),
-]);
+const TILES: TileConfig = tiles::pipelined_config(16);
 
 /// Per super-block, the values unpacked to bytes as [`group_avx512`] forms them (sub-block
 /// `s` as four 64-byte rows), then per sub-block one `tdpbsud` (signed activations × unsigned
@@ -198,40 +236,54 @@ const TILES: TileConfig = TileConfig::new([
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(super) unsafe fn group_amx<T: Tiles>(tiles: &mut T, job: &Q6KJob<'_>) -> GroupOut {
     let mut acc = [_mm512_setzero_ps(); PANEL];
-    let mut weights = [0u8; SUB_BLOCKS * 4 * 64];
-    let mut dots = [[0i32; 16]; PANEL];
+    // A super-block's values per parity (see the Q4_K kernel).
+    let mut weights = [[0u8; SUB_BLOCKS * 4 * 64]; 2];
+    let mut sums = [_mm512_setzero_si512(); PANEL];
+    let mut offsets = [[0i32; SUB_BLOCKS]; PANEL];
+    let block = |b: usize| job.group.as_ptr().add(b * GROUP_BLOCK_BYTES);
     tiles.configure(&TILES);
-    for b in 0..job.nb {
-        let src = job.group.as_ptr().add(b * GROUP_BLOCK_BYTES);
-        for s in 0..SUB_BLOCKS {
-            for (t, w) in sub_block_values(src, s).iter().enumerate() {
-                _mm512_storeu_si512(weights.as_mut_ptr().add(256 * s + 64 * t) as *mut _, *w);
+    tiles::pipelined(
+        tiles,
+        job.nb * SUB_BLOCKS,
+        |tiles, u, t| {
+            let (b, s) = (u / SUB_BLOCKS, u % SUB_BLOCKS);
+            let w = weights[b % 2].as_mut_ptr();
+            if s == 0 {
+                for s in 0..SUB_BLOCKS {
+                    for (run, values) in sub_block_values(block(b), s).iter().enumerate() {
+                        _mm512_storeu_si512(w.add(256 * s + 64 * run) as *mut _, *values);
+                    }
+                }
             }
-        }
-        let activations = job.a.qs.as_ptr().add(b * PANEL) as *const u8;
-        let mut sums = [_mm512_setzero_si512(); PANEL];
-        let offsets = sub_block_offsets(job, b);
-        for s in 0..SUB_BLOCKS {
-            tiles.zero(0);
-            tiles.load(4, activations.add(16 * s), QK_K);
-            tiles.load(6, weights.as_ptr().add(256 * s), 64);
-            tiles.dp_su(0, 4, 6);
-            tiles.store(0, dots.as_mut_ptr() as *mut u8, 64);
+            let activations = job.a.qs.as_ptr().add(b * PANEL) as *const u8;
+            tiles.zero(t.c);
+            tiles.load(t.a, activations.add(16 * s), QK_K);
+            tiles.load(t.b, w.add(256 * s), 64);
+            tiles.dp_su(t.c, t.a, t.b);
+        },
+        |u, dots| {
+            let (b, s) = (u / SUB_BLOCKS, u % SUB_BLOCKS);
+            let src = block(b);
+            if s == 0 {
+                offsets = sub_block_offsets(job, b);
+            }
             let scale = _mm512_cvtepi8_epi32(_mm_loadu_si128(src.add(SCALES + 16 * s) as *const _));
-            for (r, (sum, dot)) in sums.iter_mut().zip(&dots).enumerate() {
+            for (r, (sum, dot)) in sums.iter_mut().zip(dots).enumerate() {
                 let t = _mm512_add_epi32(
                     _mm512_loadu_si512(dot.as_ptr() as *const _),
                     _mm512_set1_epi32(*offsets.get_unchecked(r).get_unchecked(s)),
                 );
                 *sum = _mm512_add_epi32(*sum, _mm512_mullo_epi32(t, scale));
             }
-        }
-        let dw = _mm512_cvtph_ps(_mm256_loadu_si256(src as *const __m256i));
-        for (r, (acc, sum)) in acc.iter_mut().zip(&sums).enumerate() {
-            let da = _mm512_set1_ps(*job.a.d.get_unchecked(b * PANEL + r));
-            *acc = _mm512_fmadd_ps(_mm512_mul_ps(dw, da), _mm512_cvtepi32_ps(*sum), *acc);
-        }
-    }
-    tiles.release();
+            if s == SUB_BLOCKS - 1 {
+                let dw = _mm512_cvtph_ps(_mm256_loadu_si256(src as *const __m256i));
+                for (r, (acc, sum)) in acc.iter_mut().zip(&sums).enumerate() {
+                    let da = _mm512_set1_ps(*job.a.d.get_unchecked(b * PANEL + r));
+                    *acc = _mm512_fmadd_ps(_mm512_mul_ps(dw, da), _mm512_cvtepi32_ps(*sum), *acc);
+                }
+                sums = [_mm512_setzero_si512(); PANEL];
+            }
+        },
+    );
     crate::model::kernels::avx512::lanes_to_outputs(&acc)
 }

@@ -4,7 +4,7 @@
 //! (minima after the scales) and its minima's step.
 
 use super::super::shared_x86 as shared;
-use super::super::tiles::{TileConfig, Tiles};
+use super::super::tiles::{self, TileConfig, Tiles};
 use super::{block_bytes, values_at, GroupOut, Int8Job, GROUP};
 use crate::model::kernels::panel::{BLOCK, PANEL};
 use std::arch::x86_64::*;
@@ -92,22 +92,14 @@ pub(super) unsafe fn group_avx2<const MIN: bool>(job: &Int8Job<'_>) -> GroupOut 
     out
 }
 
-/// Tiles: `C` (tmm0) the integer sums, 8 panel rows × 16 weight rows (i32); `A` (tmm4) the
-/// panel's block, 8 rows × 32 bytes; `B` (tmm6) the block's eight runs as stored (run `t`:
-/// values `4t..4t + 4` of each weight row, which is the tile's layout).
-const TILES: TileConfig = TileConfig::new([
-    (PANEL as u8, 64),
-    (0, 0),
-    (0, 0),
-    (0, 0),
-    (PANEL as u8, BLOCK as u16),
-    (0, 0),
-    (8, 64),
-    (0, 0),
-]);
+/// Tiles ([`tiles::pipelined_config`]): `C` the integer sums, 8 panel rows × 16 weight rows
+/// (i32); `A` the panel's block, 8 rows × 32 bytes; `B` the block's eight runs as stored (run
+/// `t`: values `4t..4t + 4` of each weight row, which is the tile's layout).
+const TILES: TileConfig = tiles::pipelined_config(BLOCK as u16);
 
 /// Per block, one `tdpbssd` forms all 8 × 16 sums `Σ q_w·q_a` straight from the group's
-/// runs; then, per panel row, the AVX-512 path's float operations on the same integers.
+/// runs, the tile unit working ahead ([`tiles::pipelined`]); then, per panel row, the AVX-512
+/// path's float operations on the same integers.
 ///
 /// # Safety
 /// As [`group_avx512`], and `tiles` must be usable (see [`Tiles`]).
@@ -117,21 +109,24 @@ pub(super) unsafe fn group_amx<T: Tiles, const MIN: bool>(
     job: &Int8Job<'_>,
 ) -> GroupOut {
     let mut acc = [_mm512_setzero_ps(); PANEL];
-    let mut sums = [[0i32; 16]; PANEL];
+    let block = |b: usize| job.group.as_ptr().add(b * block_bytes::<MIN>());
     tiles.configure(&TILES);
-    for b in 0..job.nb {
-        let src = job.group.as_ptr().add(b * block_bytes::<MIN>());
-        tiles.zero(0);
-        tiles.load(4, job.a.qs.as_ptr().add(b * PANEL) as *const u8, BLOCK);
-        tiles.load(6, src.add(values_at::<MIN>()), 64);
-        tiles.dp_ss(0, 4, 6);
-        tiles.store(0, sums.as_mut_ptr() as *mut u8, 64);
-        let scales = shared::scales::<MIN>(src);
-        for (r, acc_r) in acc.iter_mut().enumerate() {
-            let s = _mm512_loadu_si512(sums[r].as_ptr() as *const _);
-            *acc_r = shared::block_step::<MIN>(job, b * PANEL + r, scales, s, *acc_r);
-        }
-    }
-    tiles.release();
+    tiles::pipelined(
+        tiles,
+        job.nb,
+        |tiles, b, t| {
+            tiles.zero(t.c);
+            tiles.load(t.a, job.a.qs.as_ptr().add(b * PANEL) as *const u8, BLOCK);
+            tiles.load(t.b, block(b).add(values_at::<MIN>()), 64);
+            tiles.dp_ss(t.c, t.a, t.b);
+        },
+        |b, sums| {
+            let scales = shared::scales::<MIN>(block(b));
+            for (r, acc_r) in acc.iter_mut().enumerate() {
+                let s = _mm512_loadu_si512(sums[r].as_ptr() as *const _);
+                *acc_r = shared::block_step::<MIN>(job, b * PANEL + r, scales, s, *acc_r);
+            }
+        },
+    );
     crate::model::kernels::avx512::lanes_to_outputs(&acc)
 }

@@ -10,11 +10,16 @@
 //!
 //! Safety argument for [`Hardware`]: the compiler never allocates tile registers (no AMX
 //! target feature is enabled), so state carried between `asm!` blocks is ours alone; a kernel
-//! loads its configuration first and releases the tiles before returning, on the thread it
-//! runs on (tile state is per thread); loads and stores touch exactly `rows × colsb` bytes per
+//! loads its configuration first, on the thread it runs on (tile state is per thread), and
+//! every tile it reads it zeroed or loaded itself; [`Hardware`] skips the `ldtilecfg` when the
+//! thread holds that configuration already (it costs about 70 ns, a third of a SmolLM2 job),
+//! and the kernels leave the tiles configured for the thread's next job instead of releasing
+//! them (`tilerelease` forgets the configuration); loads and stores touch exactly `rows × colsb` bytes per
 //! tile at `base + row·stride`, which the callers bound; the instructions execute only after
 //! the process was granted the tile-data permission (`arch_prctl(ARCH_REQ_XCOMP_PERM, 18)`)
 //! and a child process ran them cleanly (`kernels::probe`).
+
+use super::super::panel::PANEL;
 
 /// A tile configuration (palette 1): rows and bytes per row of each of the eight tiles.
 #[repr(C, align(64))]
@@ -58,6 +63,96 @@ pub const ONE_WORD: TileConfig = TileConfig::new([
     (1, 4),
     (0, 0),
 ]);
+
+/// Steps of [`pipelined`] from a unit's product to its store, and to its sums' use (1 and 2,
+/// or 1 and 3, were 5–15% slower on a 2-core Xeon with AMX).
+const STORE_LAG: usize = 2;
+const CONSUME_LAG: usize = 3;
+
+/// The i32 sums of one panel's accumulator tile as [`pipelined`] stores them: a row per panel
+/// row, a column per weight row of the group.
+pub type PanelSums = [[i32; 16]; PANEL];
+
+/// Which tiles a unit of [`pipelined`] multiplies: accumulator `c` (tmm0–tmm3) from the
+/// activations in `a` (tmm4–tmm5) and the weights in `b` (tmm6–tmm7).
+#[derive(Clone, Copy, Debug)]
+pub struct Roles {
+    pub c: u8,
+    pub a: u8,
+    pub b: u8,
+}
+
+/// A configuration for [`pipelined`]: the four accumulators `PANEL × 64` bytes (16 i32), the
+/// two activation tiles `PANEL × a_bytes`, the two weight tiles `a_bytes / 4` rows of 64.
+pub const fn pipelined_config(a_bytes: u16) -> TileConfig {
+    let (c, a, b) = (
+        (PANEL as u8, 64),
+        (PANEL as u8, a_bytes),
+        ((a_bytes / 4) as u8, 64),
+    );
+    TileConfig::new([c, c, c, c, a, a, b, b])
+}
+
+/// Runs `units` tile products so that the tile unit works ahead of the vector code reading
+/// their sums: unit `u` is multiplied at step `u` (`product(tiles, u, roles)`: zero `roles.c`,
+/// load `roles.a` and `roles.b`, multiply), its sums stored at step `u + 2` and handed to
+/// `consume(u, sums)` at step `u + 3`, in order. One accumulator zeroed, multiplied, stored and
+/// read back unit after unit serialised the tile unit and the vector units (the AMX kernels ran
+/// at 3–6% of the tile peak, no faster than VNNI). `consume` sees the units in order, so the
+/// float operations, and the bits, are the serial loop's. The configuration loaded must be a
+/// [`pipelined_config`]. The loop is unrolled by the four accumulators so that every tile index
+/// is a constant.
+///
+/// # Safety
+/// As [`Tiles`]; `product` must only touch the tiles it is given.
+#[inline(always)]
+pub unsafe fn pipelined<T: Tiles>(
+    tiles: &mut T,
+    units: usize,
+    mut product: impl FnMut(&mut T, usize, Roles),
+    mut consume: impl FnMut(usize, &PanelSums),
+) {
+    let mut sums = [[[0i32; 16]; PANEL]; 4];
+    let mut base = 0;
+    while base < units + CONSUME_LAG {
+        pipeline_step::<0, T>(tiles, base, units, &mut product, &mut consume, &mut sums);
+        pipeline_step::<1, T>(tiles, base, units, &mut product, &mut consume, &mut sums);
+        pipeline_step::<2, T>(tiles, base, units, &mut product, &mut consume, &mut sums);
+        pipeline_step::<3, T>(tiles, base, units, &mut product, &mut consume, &mut sums);
+        base += 4;
+    }
+}
+
+/// Step `base + S` of [`pipelined`] (`base` a multiple of 4, so accumulator `S` takes this
+/// step's unit).
+#[inline(always)]
+unsafe fn pipeline_step<const S: usize, T: Tiles>(
+    tiles: &mut T,
+    base: usize,
+    units: usize,
+    product: &mut impl FnMut(&mut T, usize, Roles),
+    consume: &mut impl FnMut(usize, &PanelSums),
+    sums: &mut [PanelSums; 4],
+) {
+    let step = base + S;
+    if step < units {
+        let pair = (S % 2) as u8;
+        let roles = Roles {
+            c: S as u8,
+            a: 4 + pair,
+            b: 6 + pair,
+        };
+        product(tiles, step, roles);
+    }
+    let stored = (S + 4 - STORE_LAG) % 4;
+    if step >= STORE_LAG && step - STORE_LAG < units {
+        tiles.store(stored as u8, sums[stored].as_mut_ptr() as *mut u8, 64);
+    }
+    let consumed = (S + 4 - CONSUME_LAG) % 4;
+    if step >= CONSUME_LAG && step - CONSUME_LAG < units {
+        consume(step - CONSUME_LAG, &sums[consumed]);
+    }
+}
 
 /// The tile instructions the kernels use. Tile indices follow the roles above.
 ///
@@ -117,6 +212,13 @@ pub struct Hardware;
 mod hardware {
     use super::{Hardware, TileConfig, Tiles};
     use std::arch::asm;
+    use std::cell::Cell;
+
+    thread_local! {
+        /// The configuration this thread's tile unit holds (`None` before the first
+        /// `ldtilecfg` and after `tilerelease`).
+        static LOADED: Cell<Option<TileConfig>> = const { Cell::new(None) };
+    }
 
     /// One `asm!` per register of a role: the index must name the register literally.
     macro_rules! each_tile {
@@ -163,7 +265,10 @@ mod hardware {
     impl Tiles for Hardware {
         #[inline(always)]
         unsafe fn configure(&mut self, cfg: &TileConfig) {
-            asm!("ldtilecfg [{0}]", in(reg) cfg as *const TileConfig, options(nostack, readonly));
+            if LOADED.get() != Some(*cfg) {
+                asm!("ldtilecfg [{0}]", in(reg) cfg as *const TileConfig, options(nostack, readonly));
+                LOADED.set(Some(*cfg));
+            }
         }
 
         #[inline(always)]
@@ -213,6 +318,7 @@ mod hardware {
         #[inline(always)]
         unsafe fn release(&mut self) {
             asm!("tilerelease", options(nostack, nomem));
+            LOADED.set(None);
         }
     }
 }
