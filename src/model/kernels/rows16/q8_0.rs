@@ -144,7 +144,7 @@ impl Format for Q8_0 {
 
     #[cfg(target_arch = "x86_64")]
     unsafe fn avx2(job: &Int8Job<'_>) -> GroupOut {
-        x86::group_avx2::<false>(job)
+        x86::group_avx2_signed(job)
     }
 
     #[cfg(target_arch = "x86_64")]
@@ -183,7 +183,7 @@ impl Format for Q5_0 {
 
     #[cfg(target_arch = "x86_64")]
     unsafe fn avx2(job: &Int8Job<'_>) -> GroupOut {
-        Q8_0::avx2(job)
+        x86::group_avx2_five_bit::<false>(job)
     }
 
     #[cfg(target_arch = "x86_64")]
@@ -226,7 +226,7 @@ impl Format for Q5_1 {
 
     #[cfg(target_arch = "x86_64")]
     unsafe fn avx2(job: &Int8Job<'_>) -> GroupOut {
-        x86::group_avx2::<true>(job)
+        x86::group_avx2_five_bit::<true>(job)
     }
 
     #[cfg(target_arch = "x86_64")]

@@ -51,15 +51,63 @@ pub(super) unsafe fn group_avx512<const MIN: bool>(job: &Int8Job<'_>) -> GroupOu
     crate::model::kernels::avx512::lanes_to_outputs(&acc)
 }
 
-/// Eight weight rows per 256-bit register (the group in two halves), four panel rows per
-/// pass; `maddubs` + `madd` form each lane's four products per run as `|q_w|` times `q_a`
-/// with `q_w`'s sign (no saturation: pairs stay below 2¹⁵).
+/// Panel rows per pass of the AVX2 kernels: their sums, sixteen-bit partial sums and
+/// accumulators, a weight register, an activation and the constants fill the 16 registers.
+const ROWS: usize = 4;
+
+/// Q8_0's values (−128..127): eight weight rows per 256-bit register (the group in two
+/// halves), four panel rows per pass; `maddubs` + `madd` form each lane's four products per
+/// run as `|q_w|` times `q_a` with `q_w`'s sign (a pair is at most 2·128·127 = 32512, so no
+/// saturation, but two pairs may exceed 2¹⁵: each run is widened on its own). The run is the
+/// outer loop, so its weights are loaded and their magnitudes made once for the pass's rows
+/// and every sum stays in a register (block-outer, the sixteen weight registers spilled).
 ///
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C; the job's lengths were checked by the caller.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn group_avx2<const MIN: bool>(job: &Int8Job<'_>) -> GroupOut {
-    const ROWS: usize = 4;
+pub(super) unsafe fn group_avx2_signed(job: &Int8Job<'_>) -> GroupOut {
+    let ones = _mm256_set1_epi16(1);
+    let mut out = [[0f32; GROUP]; PANEL];
+    for half in 0..2 {
+        for r0 in (0..PANEL).step_by(ROWS) {
+            let mut acc = [_mm256_setzero_ps(); ROWS];
+            for b in 0..job.nb {
+                let src = job.group.as_ptr().add(b * block_bytes::<false>());
+                let mut sums = [_mm256_setzero_si256(); ROWS];
+                for t in 0..8 {
+                    let at = values_at::<false>() + 64 * t + 32 * half;
+                    let w = _mm256_loadu_si256(src.add(at) as *const __m256i);
+                    let abs = _mm256_sign_epi8(w, w);
+                    for (dr, s) in sums.iter_mut().enumerate() {
+                        let a = _mm256_set1_epi32(activation_word(job, b * PANEL + r0 + dr, t));
+                        let pairs = _mm256_maddubs_epi16(abs, _mm256_sign_epi8(a, w));
+                        *s = _mm256_add_epi32(*s, _mm256_madd_epi16(pairs, ones));
+                    }
+                }
+                let scales = shared::scales_avx2::<false>(src, half);
+                for (dr, (acc, s)) in acc.iter_mut().zip(sums).enumerate() {
+                    *acc =
+                        shared::block_step_avx2::<false>(job, b * PANEL + r0 + dr, scales, s, *acc);
+                }
+            }
+            shared::store_half(&mut out, half, r0, &acc);
+        }
+    }
+    out
+}
+
+/// Q5_0's values (−16..15, `MIN` false) and Q5_1's (0..31, `MIN`): multiplied as unsigned
+/// bytes 0..31 (Q5_0's plus 16, its sum started from `−16·Σq_a`), so `maddubs` takes them
+/// as they are, without Q8_0's sign steps; four runs are added in 16 bits before one `madd`
+/// widens them — exact, since a pair is at most 2·31·128 = 7936 and four 31744 < 2¹⁵. Eight
+/// weight rows per register, four panel rows per pass, the run the outer loop.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C; the job's lengths were checked by the caller.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn group_avx2_five_bit<const MIN: bool>(job: &Int8Job<'_>) -> GroupOut {
+    const RUNS_IN_16_BITS: usize = 4;
+    let bias = _mm256_set1_epi8(if MIN { 0 } else { 16 });
     let ones = _mm256_set1_epi16(1);
     let mut out = [[0f32; GROUP]; PANEL];
     for half in 0..2 {
@@ -67,23 +115,33 @@ pub(super) unsafe fn group_avx2<const MIN: bool>(job: &Int8Job<'_>) -> GroupOut 
             let mut acc = [_mm256_setzero_ps(); ROWS];
             for b in 0..job.nb {
                 let src = job.group.as_ptr().add(b * block_bytes::<MIN>());
-                let scales = shared::scales_avx2::<MIN>(src, half);
-                let mut w = [_mm256_setzero_si256(); 8];
-                let mut abs = [_mm256_setzero_si256(); 8];
-                for t in 0..8 {
-                    let at = values_at::<MIN>() + 64 * t + 32 * half;
-                    w[t] = _mm256_loadu_si256(src.add(at) as *const __m256i);
-                    abs[t] = _mm256_sign_epi8(w[t], w[t]);
-                }
-                for (dr, acc_r) in acc.iter_mut().enumerate() {
+                let mut sums: [__m256i; ROWS] = std::array::from_fn(|dr| {
                     let i = b * PANEL + r0 + dr;
-                    let mut s = _mm256_setzero_si256();
-                    for t in 0..8 {
-                        let a = _mm256_set1_epi32(activation_word(job, i, t));
-                        let pairs = _mm256_maddubs_epi16(abs[t], _mm256_sign_epi8(a, w[t]));
-                        s = _mm256_add_epi32(s, _mm256_madd_epi16(pairs, ones));
+                    _mm256_set1_epi32(if MIN {
+                        0
+                    } else {
+                        -16 * *job.a.sums.get_unchecked(i)
+                    })
+                });
+                for t0 in (0..8).step_by(RUNS_IN_16_BITS) {
+                    let mut pairs = [_mm256_setzero_si256(); ROWS];
+                    for t in t0..t0 + RUNS_IN_16_BITS {
+                        let at = values_at::<MIN>() + 64 * t + 32 * half;
+                        let raw = _mm256_loadu_si256(src.add(at) as *const __m256i);
+                        let w = _mm256_add_epi8(raw, bias);
+                        for (dr, p) in pairs.iter_mut().enumerate() {
+                            let a = _mm256_set1_epi32(activation_word(job, b * PANEL + r0 + dr, t));
+                            *p = _mm256_add_epi16(*p, _mm256_maddubs_epi16(w, a));
+                        }
                     }
-                    *acc_r = shared::block_step_avx2::<MIN>(job, i, scales, s, *acc_r);
+                    for (s, p) in sums.iter_mut().zip(pairs) {
+                        *s = _mm256_add_epi32(*s, _mm256_madd_epi16(p, ones));
+                    }
+                }
+                let scales = shared::scales_avx2::<MIN>(src, half);
+                for (dr, (acc, s)) in acc.iter_mut().zip(sums).enumerate() {
+                    *acc =
+                        shared::block_step_avx2::<MIN>(job, b * PANEL + r0 + dr, scales, s, *acc);
                 }
             }
             shared::store_half(&mut out, half, r0, &acc);
