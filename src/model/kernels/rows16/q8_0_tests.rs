@@ -130,6 +130,27 @@ fn extreme_blocks_give_the_same_bits_on_every_path() {
 }
 
 #[test]
+fn five_bit_extreme_blocks_give_the_same_bits_on_every_path() {
+    // Every value at the top (all bits set: Q5_0 15, Q5_1 31) or the bottom (none: −16, 0) or
+    // mixed, against ±127 activations of one sign and of both: the largest sums the AVX2
+    // kernel adds in 16 bits (four runs of unsigned 0..31).
+    let fill = |b: usize| [0xFF, 0x00, 0xFF, 0x5A][b % 4];
+    check_extreme_blocks::<Q5_0>(|b| {
+        let d = if b % 2 == 0 { 1.0 } else { -3.5 };
+        let mut block = f16::from_f32(d).to_le_bytes().to_vec();
+        block.extend_from_slice(&[fill(b); 20]);
+        block
+    });
+    check_extreme_blocks::<Q5_1>(|b| {
+        let d = if b % 2 == 0 { 1.0 } else { -3.5 };
+        let mut block = f16::from_f32(d).to_le_bytes().to_vec();
+        block.extend_from_slice(&f16::from_f32(-0.75).to_le_bytes());
+        block.extend_from_slice(&[fill(b); 20]);
+        block
+    });
+}
+
+#[test]
 fn q5_1_decodes_the_extremes_and_holds_36_bytes_per_block() {
     // qh all ones, nibbles 0xF → 31·d + m; qh zero, nibbles 0 → m.
     let mut b = vec![0u8; Q5_1_BLOCK_BYTES];
