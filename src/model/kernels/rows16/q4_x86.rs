@@ -86,23 +86,27 @@ pub(super) unsafe fn group_avx2<const MIN: bool>(job: &Q4Job<'_>) -> GroupOut {
                     .group
                     .as_ptr()
                     .add(b * FourBit::<MIN>::GROUP_BLOCK_BYTES);
-                let scales = shared::scales_avx2::<MIN>(src, half);
-                let mut w = [_mm256_setzero_si256(); 8];
+                // The run the outer loop: its nibbles unpacked once for the pass's rows, every
+                // partial sum in a register (block-outer, eight weight registers spilled).
+                let mut pairs = [_mm256_setzero_si256(); ROWS];
                 for t in 0..4 {
                     let at = FourBit::<MIN>::NIBBLES + 64 * t + 32 * half;
                     let raw = _mm256_loadu_si256(src.add(at) as *const __m256i);
-                    w[t] = _mm256_and_si256(raw, low);
-                    w[t + 4] = _mm256_and_si256(_mm256_srli_epi16::<4>(raw), low);
-                }
-                for (dr, acc_r) in acc.iter_mut().enumerate() {
-                    let i = b * PANEL + r0 + dr;
-                    let mut pairs = _mm256_setzero_si256();
-                    for (step, w) in w.iter().enumerate() {
-                        let a = _mm256_set1_epi32(activation_word(job, i, step));
-                        pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(*w, a));
+                    let lo = _mm256_and_si256(raw, low);
+                    let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(raw), low);
+                    for (dr, p) in pairs.iter_mut().enumerate() {
+                        let i = b * PANEL + r0 + dr;
+                        let a_lo = _mm256_set1_epi32(activation_word(job, i, t));
+                        let a_hi = _mm256_set1_epi32(activation_word(job, i, t + 4));
+                        *p = _mm256_add_epi16(*p, _mm256_maddubs_epi16(lo, a_lo));
+                        *p = _mm256_add_epi16(*p, _mm256_maddubs_epi16(hi, a_hi));
                     }
+                }
+                let scales = shared::scales_avx2::<MIN>(src, half);
+                for (dr, (acc_r, p)) in acc.iter_mut().zip(pairs).enumerate() {
+                    let i = b * PANEL + r0 + dr;
                     let s = _mm256_add_epi32(
-                        _mm256_madd_epi16(pairs, ones),
+                        _mm256_madd_epi16(p, ones),
                         _mm256_set1_epi32(offset_sum::<MIN>(job, i)),
                     );
                     *acc_r = shared::block_step_avx2::<MIN>(job, i, scales, s, *acc_r);
