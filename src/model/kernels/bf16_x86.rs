@@ -14,7 +14,9 @@ type Lanes = [f32; PANEL * LANES];
 pub(super) mod avx2 {
     use super::{Job, Lanes, CHUNK, PANEL};
     use crate::model::kernels::half_driver::x86::{store256, sums256};
+    use crate::model::kernels::half_driver::LANES;
     use std::arch::x86_64::*;
+    use std::ops::Range;
 
     /// Panel rows per register tile (a panel is two halves).
     const ROWS: usize = 4;
@@ -36,26 +38,56 @@ pub(super) mod avx2 {
         _mm256_castsi256_ps(_mm256_slli_epi32::<16>(v))
     }
 
-    /// `C` weight rows from row `c0` × panel rows `4h..4h+4` over the job's chunks: per chunk
-    /// first every odd product, then every even one.
+    /// Chunks of activations widened at a time: a [`super::super::PanelKernel::K_SLICE`] of
+    /// 1024 values, 16 KiB of f32 for half a panel (L1).
+    const WIDE_CHUNKS: usize = 64;
+
+    /// Half a panel's chunks widened to f32: per chunk and panel row its eight odd values,
+    /// then its eight even ones (`[chunk][row][odd 8, even 8]`).
+    type Wide = [f32; WIDE_CHUNKS * ROWS * CHUNK];
+
+    /// Widens chunks `chunks` of panel rows `4h..4h+4` into `wide` (chunk `chunks.start` first).
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn tile<const C: usize>(job: &Job<'_>, c0: usize, h: usize, acc: &mut [Lanes]) {
-        let (k, w) = (job.k, job.w.as_ptr().add(c0 * job.k));
+    unsafe fn widen(job: &Job<'_>, chunks: Range<usize>, h: usize, wide: &mut Wide) {
+        debug_assert!(chunks.len() <= WIDE_CHUNKS);
         let x = job.panel.chunks.as_ptr().add(h * ROWS * CHUNK);
+        for (i, ch) in chunks.enumerate() {
+            for r in 0..ROWS {
+                let src = x.add((ch * PANEL + r) * CHUNK);
+                let dst = wide.as_mut_ptr().add((i * ROWS + r) * CHUNK);
+                _mm256_storeu_ps(dst, odd(src));
+                _mm256_storeu_ps(dst.add(LANES), even(src));
+            }
+        }
+    }
+
+    /// `C` weight rows from row `c0` × panel rows `4h..4h+4` over chunks `chunks` (widened in
+    /// `wide`): per chunk first every odd product, then every even one.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn tile<const C: usize>(
+        job: &Job<'_>,
+        (c0, h): (usize, usize),
+        chunks: Range<usize>,
+        wide: &Wide,
+        acc: &mut [Lanes],
+    ) {
+        let (k, w) = (job.k, job.w.as_ptr().add(c0 * job.k));
         // A pass over the first chunks starts from zero (the driver leaves `acc` as it was).
-        let mut sums = sums256::<ROWS, C>(acc, c0, h * ROWS, job.chunks.start > 0);
-        for ch in job.chunks.clone() {
-            let wo: [__m256; C] = std::array::from_fn(|i| odd(w.add(i * k + ch * CHUNK)));
+        let mut sums = sums256::<ROWS, C>(acc, c0, h * ROWS, chunks.start > 0);
+        for (i, ch) in chunks.enumerate() {
+            let x = wide.as_ptr().add(i * ROWS * CHUNK);
+            let wo: [__m256; C] = std::array::from_fn(|c| odd(w.add(c * k + ch * CHUNK)));
             for (r, sums_r) in sums.iter_mut().enumerate() {
-                let xv = odd(x.add((ch * PANEL + r) * CHUNK));
+                let xv = _mm256_loadu_ps(x.add(r * CHUNK));
                 for (s, v) in sums_r.iter_mut().zip(&wo) {
                     *s = _mm256_fmadd_ps(*v, xv, *s);
                 }
             }
-            let we: [__m256; C] = std::array::from_fn(|i| even(w.add(i * k + ch * CHUNK)));
+            let we: [__m256; C] = std::array::from_fn(|c| even(w.add(c * k + ch * CHUNK)));
             for (r, sums_r) in sums.iter_mut().enumerate() {
-                let xv = even(x.add((ch * PANEL + r) * CHUNK));
+                let xv = _mm256_loadu_ps(x.add(r * CHUNK + LANES));
                 for (s, v) in sums_r.iter_mut().zip(&we) {
                     *s = _mm256_fmadd_ps(*v, xv, *s);
                 }
@@ -64,8 +96,10 @@ pub(super) mod avx2 {
         store256(acc, c0, h * ROWS, &sums);
     }
 
-    /// Every weight row of the job, two at a time (more spill registers), over the panel's live
-    /// halves.
+    /// Every weight row of the job, three at a time (12 sums, 3 weights and an activation: the
+    /// 16 registers), over the panel's live halves, each half's activations widened to f32
+    /// once for all the job's weight rows (widened per tile, they were two conversions for
+    /// every four FMAs).
     ///
     /// # Safety
     /// The CPU must support AVX2 and FMA; `acc` holds one entry per weight row and the panel
@@ -73,14 +107,20 @@ pub(super) mod avx2 {
     #[target_feature(enable = "avx2,fma")]
     pub(in super::super) unsafe fn accumulate(job: &Job<'_>, acc: &mut [Lanes]) {
         let rows = acc.len();
-        for h in 0..job.live.div_ceil(ROWS) {
-            let mut c0 = 0;
-            while c0 < rows {
-                match rows - c0 {
-                    2.. => tile::<2>(job, c0, h, acc),
-                    _ => tile::<1>(job, c0, h, acc),
+        let mut wide: Wide = [0.0; WIDE_CHUNKS * ROWS * CHUNK];
+        for start in job.chunks.clone().step_by(WIDE_CHUNKS) {
+            let chunks = start..(start + WIDE_CHUNKS).min(job.chunks.end);
+            for h in 0..job.live.div_ceil(ROWS) {
+                widen(job, chunks.clone(), h, &mut wide);
+                let mut c0 = 0;
+                while c0 < rows {
+                    let at = (c0, h);
+                    match rows - c0 {
+                        2.. => tile::<2>(job, at, chunks.clone(), &wide, acc),
+                        _ => tile::<1>(job, at, chunks.clone(), &wide, acc),
+                    }
+                    c0 += (rows - c0).min(2);
                 }
-                c0 += (rows - c0).min(2);
             }
         }
     }
