@@ -32,7 +32,8 @@
 //!   values (candle's ops materialised four `[heads, t, t]` tensors per layer).
 //! - [`math`]: a vectorised exponential and SiLU gating (glibc's scalar `expf` was 5–7%).
 //! - [`exp64`]: the log-softmax's f64 exponentials as glibc's `exp` computes them, in
-//!   AVX-512 lanes (the libm call and its loop were about a tenth of a Gemma 3 profile).
+//!   AVX-512 and AVX2 lanes (the libm call and its loop were about a tenth of a Gemma 3
+//!   profile).
 //! - [`gelu`]: Gemma's GELU·up with glibc's `tanhf` reproduced bit for bit in AVX-512 lanes
 //!   (the scalar libm call was 12% of a Gemma 3 profile).
 

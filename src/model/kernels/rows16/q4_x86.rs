@@ -3,10 +3,10 @@
 //! same float operations per output as [`super::FourBit`]'s portable definition. `MIN`
 //! selects Q4_1 (minima, no offset) over Q4_0 at compile time.
 
-use super::super::shared_x86 as shared;
+use super::super::shared_x86::{self as shared, AVX2_ROWS as ROWS};
 use super::super::tiles::{self, TileConfig, Tiles};
 use super::super::Format;
-use super::{FourBit, GroupOut, Q4Job, GROUP};
+use super::{FourBit, GroupOut, Q4Job};
 use crate::model::kernels::panel::{BLOCK, PANEL};
 use std::arch::x86_64::*;
 
@@ -74,48 +74,43 @@ pub(super) unsafe fn group_avx512<const MIN: bool>(job: &Q4Job<'_>) -> GroupOut 
 /// The CPU must support AVX2, FMA and F16C; the job's lengths were checked by the caller.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn group_avx2<const MIN: bool>(job: &Q4Job<'_>) -> GroupOut {
-    const ROWS: usize = 4;
     let low = _mm256_set1_epi8(0x0F);
     let ones = _mm256_set1_epi16(1);
-    let mut out = [[0f32; GROUP]; PANEL];
-    for half in 0..2 {
-        for r0 in (0..PANEL).step_by(ROWS) {
-            let mut acc = [_mm256_setzero_ps(); ROWS];
-            for b in 0..job.nb {
-                let src = job
-                    .group
-                    .as_ptr()
-                    .add(b * FourBit::<MIN>::GROUP_BLOCK_BYTES);
-                // The run the outer loop: its nibbles unpacked once for the pass's rows, every
-                // partial sum in a register (block-outer, eight weight registers spilled).
-                let mut pairs = [_mm256_setzero_si256(); ROWS];
-                for t in 0..4 {
-                    let at = FourBit::<MIN>::NIBBLES + 64 * t + 32 * half;
-                    let raw = _mm256_loadu_si256(src.add(at) as *const __m256i);
-                    let lo = _mm256_and_si256(raw, low);
-                    let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(raw), low);
-                    for (dr, p) in pairs.iter_mut().enumerate() {
-                        let i = b * PANEL + r0 + dr;
-                        let a_lo = _mm256_set1_epi32(activation_word(job, i, t));
-                        let a_hi = _mm256_set1_epi32(activation_word(job, i, t + 4));
-                        *p = _mm256_add_epi16(*p, _mm256_maddubs_epi16(lo, a_lo));
-                        *p = _mm256_add_epi16(*p, _mm256_maddubs_epi16(hi, a_hi));
-                    }
-                }
-                let scales = shared::scales_avx2::<MIN>(src, half);
-                for (dr, (acc_r, p)) in acc.iter_mut().zip(pairs).enumerate() {
+    shared::passes_avx2(|half, r0| {
+        let mut acc = [_mm256_setzero_ps(); ROWS];
+        for b in 0..job.nb {
+            let src = job
+                .group
+                .as_ptr()
+                .add(b * FourBit::<MIN>::GROUP_BLOCK_BYTES);
+            // The run the outer loop: its nibbles unpacked once for the pass's rows, every
+            // partial sum in a register (block-outer, eight weight registers spilled).
+            let mut pairs = [_mm256_setzero_si256(); ROWS];
+            for t in 0..4 {
+                let at = FourBit::<MIN>::NIBBLES + 64 * t + 32 * half;
+                let raw = _mm256_loadu_si256(src.add(at) as *const __m256i);
+                let lo = _mm256_and_si256(raw, low);
+                let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(raw), low);
+                for (dr, p) in pairs.iter_mut().enumerate() {
                     let i = b * PANEL + r0 + dr;
-                    let s = _mm256_add_epi32(
-                        _mm256_madd_epi16(p, ones),
-                        _mm256_set1_epi32(offset_sum::<MIN>(job, i)),
-                    );
-                    *acc_r = shared::block_step_avx2::<MIN>(job, i, scales, s, *acc_r);
+                    let a_lo = _mm256_set1_epi32(activation_word(job, i, t));
+                    let a_hi = _mm256_set1_epi32(activation_word(job, i, t + 4));
+                    *p = _mm256_add_epi16(*p, _mm256_maddubs_epi16(lo, a_lo));
+                    *p = _mm256_add_epi16(*p, _mm256_maddubs_epi16(hi, a_hi));
                 }
             }
-            shared::store_half(&mut out, half, r0, &acc);
+            let scales = shared::scales_avx2::<MIN>(src, half);
+            for (dr, (acc_r, p)) in acc.iter_mut().zip(pairs).enumerate() {
+                let i = b * PANEL + r0 + dr;
+                let s = _mm256_add_epi32(
+                    _mm256_madd_epi16(p, ones),
+                    _mm256_set1_epi32(offset_sum::<MIN>(job, i)),
+                );
+                *acc_r = shared::block_step_avx2::<MIN>(job, i, scales, s, *acc_r);
+            }
         }
-    }
-    out
+        acc
+    })
 }
 
 /// Tiles: `C` (tmm0) the integer sums, 8 panel rows × 16 weight rows (i32); `A` (tmm4) the

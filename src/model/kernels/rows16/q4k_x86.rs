@@ -3,6 +3,7 @@
 //! operations per output as [`super::NibblesK`]'s portable definition. `HIGH` selects Q5_K
 //! (a fifth bit per value) over Q4_K at compile time.
 
+use super::super::shared_x86::{self as shared, AVX2_ROWS as ROWS};
 use super::super::tiles::{self, TileConfig, Tiles};
 use super::super::Format;
 use super::{GroupOut, KJob, NibblesK, DMIN, GROUP, HIGH_BITS, MINS, NIBBLES, SCALES, SUB_BLOCKS};
@@ -181,66 +182,59 @@ unsafe fn outputs((acc, acc_min): &Accumulators) -> GroupOut {
 /// The CPU must support AVX2, FMA and F16C; the job's lengths were checked by the caller.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn group_avx2<const HIGH: bool>(job: &KJob<'_>) -> GroupOut {
-    const ROWS: usize = 4;
-    let mut out = [[0f32; GROUP]; PANEL];
-    for half in 0..2 {
-        for r0 in (0..PANEL).step_by(ROWS) {
-            let mut acc = [_mm256_setzero_ps(); ROWS];
-            let mut acc_min = [_mm256_setzero_ps(); ROWS];
-            for b in 0..job.nb {
-                let src = job.group.as_ptr().add(b * block_bytes::<HIGH>());
-                let mut sums = [_mm256_setzero_si256(); ROWS];
-                for s in 0..SUB_BLOCKS {
-                    let w: [__m256i; 8] =
-                        std::array::from_fn(|t| values_avx2::<HIGH>(src, s, t, half));
-                    let scale = _mm256_cvtepu8_epi32(_mm_loadl_epi64(
-                        src.add(SCALES + GROUP * s + 8 * half) as *const __m128i,
-                    ));
-                    let scale = _mm256_or_si256(scale, _mm256_slli_epi32::<16>(scale));
-                    for (dr, sum) in sums.iter_mut().enumerate() {
-                        let i = b * PANEL + r0 + dr;
-                        // Steps added in 16 bits: all eight for Q4_K, runs of four for Q5_K.
-                        let run = if HIGH { 4 } else { 8 };
-                        for (c, steps) in w.chunks_exact(run).enumerate() {
-                            let mut pairs = _mm256_setzero_si256();
-                            for (step, w) in steps.iter().enumerate() {
-                                let at = 32 * s + 4 * (c * run + step);
-                                let a = _mm256_set1_epi32(activation_word(job, i, at));
-                                pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(*w, a));
-                            }
-                            *sum = _mm256_add_epi32(*sum, _mm256_madd_epi16(pairs, scale));
+    shared::passes_avx2(|half, r0| {
+        let mut acc = [_mm256_setzero_ps(); ROWS];
+        let mut acc_min = [_mm256_setzero_ps(); ROWS];
+        for b in 0..job.nb {
+            let src = job.group.as_ptr().add(b * block_bytes::<HIGH>());
+            let mut sums = [_mm256_setzero_si256(); ROWS];
+            for s in 0..SUB_BLOCKS {
+                let w: [__m256i; 8] = std::array::from_fn(|t| values_avx2::<HIGH>(src, s, t, half));
+                let scale = _mm256_cvtepu8_epi32(_mm_loadl_epi64(
+                    src.add(SCALES + GROUP * s + 8 * half) as *const __m128i,
+                ));
+                let scale = _mm256_or_si256(scale, _mm256_slli_epi32::<16>(scale));
+                for (dr, sum) in sums.iter_mut().enumerate() {
+                    let i = b * PANEL + r0 + dr;
+                    // Steps added in 16 bits: all eight for Q4_K, runs of four for Q5_K.
+                    let run = if HIGH { 4 } else { 8 };
+                    for (c, steps) in w.chunks_exact(run).enumerate() {
+                        let mut pairs = _mm256_setzero_si256();
+                        for (step, w) in steps.iter().enumerate() {
+                            let at = 32 * s + 4 * (c * run + step);
+                            let a = _mm256_set1_epi32(activation_word(job, i, at));
+                            pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(*w, a));
                         }
+                        *sum = _mm256_add_epi32(*sum, _mm256_madd_epi16(pairs, scale));
                     }
-                }
-                let mut mins = [_mm256_setzero_si256(); ROWS];
-                for t in 0..SUB_BLOCK_PAIRS {
-                    let min = |s: usize| {
-                        _mm256_cvtepu8_epi32(_mm_loadl_epi64(
-                            src.add(MINS + GROUP * s + 8 * half) as *const __m128i
-                        ))
-                    };
-                    let pair = _mm256_or_si256(min(2 * t), _mm256_slli_epi32::<16>(min(2 * t + 1)));
-                    for (dr, mins) in mins.iter_mut().enumerate() {
-                        let a = _mm256_set1_epi32(sub_block_sum_pair(job, b, t, r0 + dr));
-                        *mins = _mm256_add_epi32(*mins, _mm256_madd_epi16(pair, a));
-                    }
-                }
-                let dw = _mm256_cvtph_ps(_mm_loadu_si128(src.add(16 * half) as *const __m128i));
-                let dmin =
-                    _mm256_cvtph_ps(_mm_loadu_si128(src.add(DMIN + 16 * half) as *const __m128i));
-                for dr in 0..ROWS {
-                    let da = _mm256_set1_ps(*job.a.d.get_unchecked(b * PANEL + r0 + dr));
-                    let (d, m) = (_mm256_mul_ps(dw, da), _mm256_mul_ps(dmin, da));
-                    acc[dr] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sums[dr]), acc[dr]);
-                    acc_min[dr] = _mm256_fmadd_ps(m, _mm256_cvtepi32_ps(mins[dr]), acc_min[dr]);
                 }
             }
-            let diff: [__m256; ROWS] =
-                std::array::from_fn(|dr| _mm256_sub_ps(acc[dr], acc_min[dr]));
-            super::super::shared_x86::store_half(&mut out, half, r0, &diff);
+            let mut mins = [_mm256_setzero_si256(); ROWS];
+            for t in 0..SUB_BLOCK_PAIRS {
+                let min = |s: usize| {
+                    _mm256_cvtepu8_epi32(_mm_loadl_epi64(
+                        src.add(MINS + GROUP * s + 8 * half) as *const __m128i
+                    ))
+                };
+                let pair = _mm256_or_si256(min(2 * t), _mm256_slli_epi32::<16>(min(2 * t + 1)));
+                for (dr, mins) in mins.iter_mut().enumerate() {
+                    let a = _mm256_set1_epi32(sub_block_sum_pair(job, b, t, r0 + dr));
+                    *mins = _mm256_add_epi32(*mins, _mm256_madd_epi16(pair, a));
+                }
+            }
+            let dw = _mm256_cvtph_ps(_mm_loadu_si128(src.add(16 * half) as *const __m128i));
+            let dmin =
+                _mm256_cvtph_ps(_mm_loadu_si128(src.add(DMIN + 16 * half) as *const __m128i));
+            for dr in 0..ROWS {
+                let da = _mm256_set1_ps(*job.a.d.get_unchecked(b * PANEL + r0 + dr));
+                let (d, m) = (_mm256_mul_ps(dw, da), _mm256_mul_ps(dmin, da));
+                acc[dr] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sums[dr]), acc[dr]);
+                acc_min[dr] = _mm256_fmadd_ps(m, _mm256_cvtepi32_ps(mins[dr]), acc_min[dr]);
+            }
         }
-    }
-    out
+        let diff: [__m256; ROWS] = std::array::from_fn(|dr| _mm256_sub_ps(acc[dr], acc_min[dr]));
+        diff
+    })
 }
 
 /// Tiles: `C` (tmm0) one sub-block's integer sums, 8 panel rows × 16 weight rows (i32); `A`

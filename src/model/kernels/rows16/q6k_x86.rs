@@ -2,8 +2,9 @@
 //! output's sub-block sums form in its own lane; the same exact integers and the same float
 //! operations per output as [`super::group_portable`].
 
+use super::super::shared_x86::{self as shared, AVX2_ROWS as ROWS};
 use super::super::tiles::{self, TileConfig, Tiles};
-use super::{GroupOut, Q6KJob, GROUP, GROUP_BLOCK_BYTES, HIGH, NIBBLES, SCALES, SUB_BLOCKS};
+use super::{GroupOut, Q6KJob, GROUP_BLOCK_BYTES, HIGH, NIBBLES, SCALES, SUB_BLOCKS};
 use crate::model::kernels::kquant::QK_K;
 use crate::model::kernels::panel::PANEL;
 use std::arch::x86_64::*;
@@ -113,67 +114,62 @@ pub(super) unsafe fn group_avx512(job: &Q6KJob<'_>) -> GroupOut {
 /// The CPU must support AVX2, FMA and F16C; the job's lengths were checked by the caller.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn group_avx2(job: &Q6KJob<'_>) -> GroupOut {
-    const ROWS: usize = 4;
     let low = _mm256_set1_epi8(0x0F);
     let top = _mm256_set1_epi8(0x30);
-    let mut out = [[0f32; GROUP]; PANEL];
-    for half in 0..2 {
-        for r0 in (0..PANEL).step_by(ROWS) {
-            let mut acc = [_mm256_setzero_ps(); ROWS];
-            for b in 0..job.nb {
-                let src = job.group.as_ptr().add(b * GROUP_BLOCK_BYTES);
-                let pairs = scale_pairs_avx2(src, half);
-                let mut sums = [_mm256_setzero_si256(); ROWS];
+    shared::passes_avx2(|half, r0| {
+        let mut acc = [_mm256_setzero_ps(); ROWS];
+        for b in 0..job.nb {
+            let src = job.group.as_ptr().add(b * GROUP_BLOCK_BYTES);
+            let pairs = scale_pairs_avx2(src, half);
+            let mut sums = [_mm256_setzero_si256(); ROWS];
+            for (dr, sum) in sums.iter_mut().enumerate() {
+                *sum = offsets_avx2(job, &pairs, b * PANEL + r0 + dr);
+            }
+            for s in 0..SUB_BLOCKS {
+                let at = |offset: usize| src.add(offset + 32 * half) as *const __m256i;
+                let n0 = _mm256_loadu_si256(at(NIBBLES + 128 * s));
+                let n1 = _mm256_loadu_si256(at(NIBBLES + 128 * s + 64));
+                let h = _mm256_loadu_si256(at(HIGH + 64 * s));
+                let w = [
+                    _mm256_or_si256(
+                        _mm256_and_si256(n0, low),
+                        _mm256_and_si256(_mm256_slli_epi16::<4>(h), top),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(n1, low),
+                        _mm256_and_si256(_mm256_slli_epi16::<2>(h), top),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16::<4>(n0), low),
+                        _mm256_and_si256(h, top),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16::<4>(n1), low),
+                        _mm256_and_si256(_mm256_srli_epi16::<2>(h), top),
+                    ),
+                ];
+                let scale = scales_twice_avx2(src.add(SCALES + 16 * s + 8 * half));
                 for (dr, sum) in sums.iter_mut().enumerate() {
-                    *sum = offsets_avx2(job, &pairs, b * PANEL + r0 + dr);
-                }
-                for s in 0..SUB_BLOCKS {
-                    let at = |offset: usize| src.add(offset + 32 * half) as *const __m256i;
-                    let n0 = _mm256_loadu_si256(at(NIBBLES + 128 * s));
-                    let n1 = _mm256_loadu_si256(at(NIBBLES + 128 * s + 64));
-                    let h = _mm256_loadu_si256(at(HIGH + 64 * s));
-                    let w = [
-                        _mm256_or_si256(
-                            _mm256_and_si256(n0, low),
-                            _mm256_and_si256(_mm256_slli_epi16::<4>(h), top),
-                        ),
-                        _mm256_or_si256(
-                            _mm256_and_si256(n1, low),
-                            _mm256_and_si256(_mm256_slli_epi16::<2>(h), top),
-                        ),
-                        _mm256_or_si256(
-                            _mm256_and_si256(_mm256_srli_epi16::<4>(n0), low),
-                            _mm256_and_si256(h, top),
-                        ),
-                        _mm256_or_si256(
-                            _mm256_and_si256(_mm256_srli_epi16::<4>(n1), low),
-                            _mm256_and_si256(_mm256_srli_epi16::<2>(h), top),
-                        ),
-                    ];
-                    let scale = scales_twice_avx2(src.add(SCALES + 16 * s + 8 * half));
-                    for (dr, sum) in sums.iter_mut().enumerate() {
-                        let i = b * PANEL + r0 + dr;
-                        for (c, w) in w.chunks_exact(2).enumerate() {
-                            let a0 = _mm256_set1_epi32(activation_word(job, i, 16 * s + 8 * c));
-                            let a1 = _mm256_set1_epi32(activation_word(job, i, 16 * s + 8 * c + 4));
-                            let pairs = _mm256_add_epi16(
-                                _mm256_maddubs_epi16(w[0], a0),
-                                _mm256_maddubs_epi16(w[1], a1),
-                            );
-                            *sum = _mm256_add_epi32(*sum, _mm256_madd_epi16(pairs, scale));
-                        }
+                    let i = b * PANEL + r0 + dr;
+                    for (c, w) in w.chunks_exact(2).enumerate() {
+                        let a0 = _mm256_set1_epi32(activation_word(job, i, 16 * s + 8 * c));
+                        let a1 = _mm256_set1_epi32(activation_word(job, i, 16 * s + 8 * c + 4));
+                        let pairs = _mm256_add_epi16(
+                            _mm256_maddubs_epi16(w[0], a0),
+                            _mm256_maddubs_epi16(w[1], a1),
+                        );
+                        *sum = _mm256_add_epi32(*sum, _mm256_madd_epi16(pairs, scale));
                     }
                 }
-                let dw = _mm256_cvtph_ps(_mm_loadu_si128(src.add(16 * half) as *const __m128i));
-                for (dr, (acc, sum)) in acc.iter_mut().zip(&sums).enumerate() {
-                    let da = _mm256_set1_ps(*job.a.d.get_unchecked(b * PANEL + r0 + dr));
-                    *acc = _mm256_fmadd_ps(_mm256_mul_ps(dw, da), _mm256_cvtepi32_ps(*sum), *acc);
-                }
             }
-            super::super::shared_x86::store_half(&mut out, half, r0, &acc);
+            let dw = _mm256_cvtph_ps(_mm_loadu_si128(src.add(16 * half) as *const __m128i));
+            for (dr, (acc, sum)) in acc.iter_mut().zip(&sums).enumerate() {
+                let da = _mm256_set1_ps(*job.a.d.get_unchecked(b * PANEL + r0 + dr));
+                *acc = _mm256_fmadd_ps(_mm256_mul_ps(dw, da), _mm256_cvtepi32_ps(*sum), *acc);
+            }
         }
-    }
-    out
+        acc
+    })
 }
 
 /// Eight signed byte scales at `at` as 32-bit lanes holding each scale twice (two i16), the

@@ -3,9 +3,9 @@
 //! same float operations per output as [`super::portable`]. `MIN` selects Q5_1's layout
 //! (minima after the scales) and its minima's step.
 
-use super::super::shared_x86 as shared;
+use super::super::shared_x86::{self as shared, AVX2_ROWS as ROWS};
 use super::super::tiles::{self, TileConfig, Tiles};
-use super::{block_bytes, values_at, GroupOut, Int8Job, GROUP};
+use super::{block_bytes, values_at, GroupOut, Int8Job};
 use crate::model::kernels::panel::{BLOCK, PANEL};
 use std::arch::x86_64::*;
 
@@ -51,10 +51,6 @@ pub(super) unsafe fn group_avx512<const MIN: bool>(job: &Int8Job<'_>) -> GroupOu
     crate::model::kernels::avx512::lanes_to_outputs(&acc)
 }
 
-/// Panel rows per pass of the AVX2 kernels: their sums, sixteen-bit partial sums and
-/// accumulators, a weight register, an activation and the constants fill the 16 registers.
-const ROWS: usize = 4;
-
 /// Q8_0's values (−128..127): eight weight rows per 256-bit register (the group in two
 /// halves), four panel rows per pass; `maddubs` + `madd` form each lane's four products per
 /// run as `|q_w|` times `q_a` with `q_w`'s sign (a pair is at most 2·128·127 = 32512, so no
@@ -67,33 +63,28 @@ const ROWS: usize = 4;
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn group_avx2_signed(job: &Int8Job<'_>) -> GroupOut {
     let ones = _mm256_set1_epi16(1);
-    let mut out = [[0f32; GROUP]; PANEL];
-    for half in 0..2 {
-        for r0 in (0..PANEL).step_by(ROWS) {
-            let mut acc = [_mm256_setzero_ps(); ROWS];
-            for b in 0..job.nb {
-                let src = job.group.as_ptr().add(b * block_bytes::<false>());
-                let mut sums = [_mm256_setzero_si256(); ROWS];
-                for t in 0..8 {
-                    let at = values_at::<false>() + 64 * t + 32 * half;
-                    let w = _mm256_loadu_si256(src.add(at) as *const __m256i);
-                    let abs = _mm256_sign_epi8(w, w);
-                    for (dr, s) in sums.iter_mut().enumerate() {
-                        let a = _mm256_set1_epi32(activation_word(job, b * PANEL + r0 + dr, t));
-                        let pairs = _mm256_maddubs_epi16(abs, _mm256_sign_epi8(a, w));
-                        *s = _mm256_add_epi32(*s, _mm256_madd_epi16(pairs, ones));
-                    }
-                }
-                let scales = shared::scales_avx2::<false>(src, half);
-                for (dr, (acc, s)) in acc.iter_mut().zip(sums).enumerate() {
-                    *acc =
-                        shared::block_step_avx2::<false>(job, b * PANEL + r0 + dr, scales, s, *acc);
+    shared::passes_avx2(|half, r0| {
+        let mut acc = [_mm256_setzero_ps(); ROWS];
+        for b in 0..job.nb {
+            let src = job.group.as_ptr().add(b * block_bytes::<false>());
+            let mut sums = [_mm256_setzero_si256(); ROWS];
+            for t in 0..8 {
+                let at = values_at::<false>() + 64 * t + 32 * half;
+                let w = _mm256_loadu_si256(src.add(at) as *const __m256i);
+                let abs = _mm256_sign_epi8(w, w);
+                for (dr, s) in sums.iter_mut().enumerate() {
+                    let a = _mm256_set1_epi32(activation_word(job, b * PANEL + r0 + dr, t));
+                    let pairs = _mm256_maddubs_epi16(abs, _mm256_sign_epi8(a, w));
+                    *s = _mm256_add_epi32(*s, _mm256_madd_epi16(pairs, ones));
                 }
             }
-            shared::store_half(&mut out, half, r0, &acc);
+            let scales = shared::scales_avx2::<false>(src, half);
+            for (dr, (acc, s)) in acc.iter_mut().zip(sums).enumerate() {
+                *acc = shared::block_step_avx2::<false>(job, b * PANEL + r0 + dr, scales, s, *acc);
+            }
         }
-    }
-    out
+        acc
+    })
 }
 
 /// Q5_0's values (−16..15, `MIN` false) and Q5_1's (0..31, `MIN`): multiplied as unsigned
@@ -109,45 +100,40 @@ pub(super) unsafe fn group_avx2_five_bit<const MIN: bool>(job: &Int8Job<'_>) -> 
     const RUNS_IN_16_BITS: usize = 4;
     let bias = _mm256_set1_epi8(if MIN { 0 } else { 16 });
     let ones = _mm256_set1_epi16(1);
-    let mut out = [[0f32; GROUP]; PANEL];
-    for half in 0..2 {
-        for r0 in (0..PANEL).step_by(ROWS) {
-            let mut acc = [_mm256_setzero_ps(); ROWS];
-            for b in 0..job.nb {
-                let src = job.group.as_ptr().add(b * block_bytes::<MIN>());
-                let mut sums: [__m256i; ROWS] = std::array::from_fn(|dr| {
-                    let i = b * PANEL + r0 + dr;
-                    _mm256_set1_epi32(if MIN {
-                        0
-                    } else {
-                        -16 * *job.a.sums.get_unchecked(i)
-                    })
-                });
-                for t0 in (0..8).step_by(RUNS_IN_16_BITS) {
-                    let mut pairs = [_mm256_setzero_si256(); ROWS];
-                    for t in t0..t0 + RUNS_IN_16_BITS {
-                        let at = values_at::<MIN>() + 64 * t + 32 * half;
-                        let raw = _mm256_loadu_si256(src.add(at) as *const __m256i);
-                        let w = _mm256_add_epi8(raw, bias);
-                        for (dr, p) in pairs.iter_mut().enumerate() {
-                            let a = _mm256_set1_epi32(activation_word(job, b * PANEL + r0 + dr, t));
-                            *p = _mm256_add_epi16(*p, _mm256_maddubs_epi16(w, a));
-                        }
-                    }
-                    for (s, p) in sums.iter_mut().zip(pairs) {
-                        *s = _mm256_add_epi32(*s, _mm256_madd_epi16(p, ones));
+    shared::passes_avx2(|half, r0| {
+        let mut acc = [_mm256_setzero_ps(); ROWS];
+        for b in 0..job.nb {
+            let src = job.group.as_ptr().add(b * block_bytes::<MIN>());
+            let mut sums: [__m256i; ROWS] = std::array::from_fn(|dr| {
+                let i = b * PANEL + r0 + dr;
+                _mm256_set1_epi32(if MIN {
+                    0
+                } else {
+                    -16 * *job.a.sums.get_unchecked(i)
+                })
+            });
+            for t0 in (0..8).step_by(RUNS_IN_16_BITS) {
+                let mut pairs = [_mm256_setzero_si256(); ROWS];
+                for t in t0..t0 + RUNS_IN_16_BITS {
+                    let at = values_at::<MIN>() + 64 * t + 32 * half;
+                    let raw = _mm256_loadu_si256(src.add(at) as *const __m256i);
+                    let w = _mm256_add_epi8(raw, bias);
+                    for (dr, p) in pairs.iter_mut().enumerate() {
+                        let a = _mm256_set1_epi32(activation_word(job, b * PANEL + r0 + dr, t));
+                        *p = _mm256_add_epi16(*p, _mm256_maddubs_epi16(w, a));
                     }
                 }
-                let scales = shared::scales_avx2::<MIN>(src, half);
-                for (dr, (acc, s)) in acc.iter_mut().zip(sums).enumerate() {
-                    *acc =
-                        shared::block_step_avx2::<MIN>(job, b * PANEL + r0 + dr, scales, s, *acc);
+                for (s, p) in sums.iter_mut().zip(pairs) {
+                    *s = _mm256_add_epi32(*s, _mm256_madd_epi16(p, ones));
                 }
             }
-            shared::store_half(&mut out, half, r0, &acc);
+            let scales = shared::scales_avx2::<MIN>(src, half);
+            for (dr, (acc, s)) in acc.iter_mut().zip(sums).enumerate() {
+                *acc = shared::block_step_avx2::<MIN>(job, b * PANEL + r0 + dr, scales, s, *acc);
+            }
         }
-    }
-    out
+        acc
+    })
 }
 
 /// Tiles ([`tiles::pipelined_config`]): `C` the integer sums, 8 panel rows × 16 weight rows

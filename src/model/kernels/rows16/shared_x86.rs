@@ -3,7 +3,8 @@
 //! block's float step per panel row, in AVX-512 and AVX2, so every format with minima (Q4_1,
 //! Q5_1) adds them in the same place; and the AVX2 kernels' write-out of their lanes.
 
-use super::{GroupOut, Job, Q8Panel, MINIMA};
+use super::{GroupOut, Job, Q8Panel, GROUP, MINIMA};
+use crate::model::kernels::panel::PANEL;
 use std::arch::x86_64::*;
 
 /// A group block's sixteen `d` and (`MIN`) sixteen `m` as f32 lanes (`m` zero otherwise).
@@ -81,6 +82,31 @@ pub(crate) unsafe fn scales_avx2<const MIN: bool>(src: *const u8, half: usize) -
         _mm256_setzero_ps()
     };
     [dw, mw]
+}
+
+/// Panel rows per pass of the AVX2 kernels: their accumulators, integer sums (or sixteen-bit
+/// partial sums), a weight register, an activation and the constants fill the 16 registers.
+pub(crate) const AVX2_ROWS: usize = 4;
+
+/// The AVX2 kernels' passes over a job: eight weight rows per 256-bit register, so the group
+/// in two halves, and [`AVX2_ROWS`] panel rows per pass; `pass(half, r0)` returns the
+/// accumulators of panel rows `r0..r0 + AVX2_ROWS` (lane `l`: weight row `8·half + l`), which
+/// become the group's outputs.
+///
+/// # Safety
+/// The CPU must support AVX2 (and whatever `pass` needs).
+#[inline(always)]
+pub(crate) unsafe fn passes_avx2(
+    mut pass: impl FnMut(usize, usize) -> [__m256; AVX2_ROWS],
+) -> GroupOut {
+    let mut out = [[0f32; GROUP]; PANEL];
+    for half in 0..2 {
+        for r0 in (0..PANEL).step_by(AVX2_ROWS) {
+            let acc = pass(half, r0);
+            store_half(&mut out, half, r0, &acc);
+        }
+    }
+    out
 }
 
 /// An AVX2 kernel's accumulators for panel rows `r0..r0 + acc.len()`, lane `l` weight row
