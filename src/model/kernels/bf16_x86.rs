@@ -96,10 +96,12 @@ pub(super) mod avx2 {
         store256(acc, c0, h * ROWS, &sums);
     }
 
-    /// Every weight row of the job, three at a time (12 sums, 3 weights and an activation: the
-    /// 16 registers), over the panel's live halves, each half's activations widened to f32
-    /// once for all the job's weight rows (widened per tile, they were two conversions for
-    /// every four FMAs).
+    /// Every weight row of the job, two at a time (three spilled a sum: a store and a reload
+    /// in every chunk's chain, 0.6× the speed), over the panel's live halves, each half's
+    /// activations widened to f32 once for all the job's weight rows (widened in every tile,
+    /// they were two conversions for every four FMAs). Also tried on a 2-core EPYC (AVX2, 32
+    /// KiB L1) and slower: the halves inner on the same weight rows (level), and one weight
+    /// row against all eight panel rows (0.7×).
     ///
     /// # Safety
     /// The CPU must support AVX2 and FMA; `acc` holds one entry per weight row and the panel
