@@ -2,6 +2,22 @@
 
 use crate::model::{Arch, LlamaConfig};
 
+/// A benchmark's count from the environment variable `name` (`PPL_BENCH_REPS`,
+/// `PPL_BENCH_THREADS`): `default` when unset; a value that is not a whole number of at least
+/// 1 stops the benchmark with a message naming the variable, rather than running with a
+/// count nobody asked for.
+pub fn bench_count(name: &str, default: usize) -> usize {
+    match std::env::var(name) {
+        Err(_) => default,
+        Ok(v) => match v.trim().parse::<usize>() {
+            Ok(n) if n >= 1 => n,
+            _ => panic!(
+                "{name}='{v}' is not a whole number of at least 1: unset it or give e.g. {default}"
+            ),
+        },
+    }
+}
+
 /// `n` reproducible pseudo-random values, uniform in `[-scale/2, scale/2)` (an LCG: the same
 /// values on every machine).
 pub fn uniform(seed: u64, n: usize, scale: f32) -> Vec<f32> {

@@ -836,10 +836,7 @@ mod tests {
         let q: Vec<f32> = (0..s.q_len()).map(|_| lcg(&mut seed)).collect();
         let k: Vec<f32> = (0..s.kv_len()).map(|_| lcg(&mut seed)).collect();
         let v: Vec<f32> = (0..s.kv_len()).map(|_| lcg(&mut seed)).collect();
-        let reps = std::env::var("PPL_BENCH_REPS")
-            .ok()
-            .and_then(|r| r.parse().ok())
-            .unwrap_or(3);
+        let reps = crate::test_util::bench_count("PPL_BENCH_REPS", 3);
         let best = (0..reps)
             .map(|_| {
                 let t = std::time::Instant::now();

@@ -312,10 +312,7 @@ fn malformed_layouts_are_refused_and_rows_dequantize_as_candle_does() {
 #[test]
 #[ignore]
 fn throughput() {
-    let threads = std::env::var("PPL_BENCH_THREADS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(2);
+    let threads = crate::test_util::bench_count("PPL_BENCH_THREADS", 2);
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build()

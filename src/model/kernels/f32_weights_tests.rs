@@ -163,18 +163,12 @@ fn malformed_layouts_are_refused_and_rows_are_the_stored_values() {
 #[test]
 #[ignore]
 fn throughput() {
-    let threads = std::env::var("PPL_BENCH_THREADS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(2);
+    let threads = crate::test_util::bench_count("PPL_BENCH_THREADS", 2);
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build()
         .expect("pool");
-    let reps: usize = std::env::var("PPL_BENCH_REPS")
-        .ok()
-        .and_then(|r| r.parse().ok())
-        .unwrap_or(5);
+    let reps = crate::test_util::bench_count("PPL_BENCH_REPS", 5);
     let shapes: Vec<(usize, usize, usize)> = match std::env::var("PPL_BENCH_SHAPES") {
         Ok(list) => list
             .split(',')
@@ -194,7 +188,7 @@ fn throughput() {
         let time = |f: &(dyn Fn() + Sync)| {
             pool.install(|| {
                 f();
-                let fastest = (0..reps.max(1))
+                let fastest = (0..reps)
                     .map(|_| {
                         let t = std::time::Instant::now();
                         f();

@@ -155,10 +155,7 @@ fn dequantized_rows_equal_candles_dequantization() {
 #[ignore]
 fn throughput_against_candles_f32_gemm() {
     use candle_core::{Device, Tensor};
-    let threads = std::env::var("PPL_BENCH_THREADS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(2);
+    let threads = crate::test_util::bench_count("PPL_BENCH_THREADS", 2);
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build()

@@ -227,11 +227,7 @@ pub(crate) fn throughput<F: Case>() {
     let threads = rayon::current_num_threads();
     let peak = super::tiles::peak_gops().map(|per_thread| per_thread * threads as f64);
     // The fastest of `PPL_BENCH_REPS` runs (default 3): a noisy machine only slows runs down.
-    let reps: usize = std::env::var("PPL_BENCH_REPS")
-        .ok()
-        .and_then(|r| r.parse().ok())
-        .unwrap_or(3)
-        .max(1);
+    let reps = crate::test_util::bench_count("PPL_BENCH_REPS", 3);
     let shapes: [(usize, usize, usize); 3] =
         [(512, 8192, 2048), (512, 2048, 8192), (512, 1536, 576)];
     for (m, n, k) in shapes {
