@@ -14,7 +14,7 @@ type Lanes = [f32; PANEL * LANES];
 pub(super) mod avx2 {
     use super::{Job, Lanes, CHUNK, PANEL};
     use crate::model::kernels::half_driver::x86::{store256, sums256};
-    use crate::model::kernels::half_driver::LANES;
+    use crate::model::kernels::half_driver::{sub_slices, LANES};
     use std::arch::x86_64::*;
     use std::ops::Range;
 
@@ -110,8 +110,7 @@ pub(super) mod avx2 {
     pub(in super::super) unsafe fn accumulate(job: &Job<'_>, acc: &mut [Lanes]) {
         let rows = acc.len();
         let mut wide: Wide = [0.0; WIDE_CHUNKS * ROWS * CHUNK];
-        for start in job.chunks.clone().step_by(WIDE_CHUNKS) {
-            let chunks = start..(start + WIDE_CHUNKS).min(job.chunks.end);
+        for chunks in sub_slices(job.chunks.clone(), WIDE_CHUNKS) {
             for h in 0..job.live.div_ceil(ROWS) {
                 widen(job, chunks.clone(), h, &mut wide);
                 let mut c0 = 0;

@@ -10,6 +10,7 @@ type Lanes = [f32; PANEL * LANES];
 
 pub(super) mod avx2 {
     use super::{Job, Lanes, LANES, PANEL};
+    use crate::model::kernels::half_driver::sub_slices;
     use crate::model::kernels::half_driver::x86::{store256, sums256};
     use std::arch::x86_64::*;
     use std::ops::Range;
@@ -60,8 +61,7 @@ pub(super) mod avx2 {
     #[target_feature(enable = "avx2,fma")]
     pub(in super::super) unsafe fn accumulate(job: &Job<'_>, acc: &mut [Lanes]) {
         let rows = acc.len();
-        for start in job.chunks.clone().step_by(SUB_CHUNKS) {
-            let chunks = start..(start + SUB_CHUNKS).min(job.chunks.end);
+        for chunks in sub_slices(job.chunks.clone(), SUB_CHUNKS) {
             let mut c0 = 0;
             while c0 < rows {
                 for h in 0..job.live.div_ceil(ROWS) {

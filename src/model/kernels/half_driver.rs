@@ -96,6 +96,16 @@ pub(crate) fn accumulate_lanes<W, X>(
     }
 }
 
+/// `chunks` in consecutive pieces of at most `len` (the last shorter): a kernel that blocks a
+/// job's slice more finely for its level's cache takes them in order, the lane sums waiting in
+/// `acc` between pieces, so each lane's additions keep their order.
+pub(crate) fn sub_slices(chunks: Range<usize>, len: usize) -> impl Iterator<Item = Range<usize>> {
+    let end = chunks.end;
+    chunks
+        .step_by(len.max(1))
+        .map(move |start| start..(start + len).min(end))
+}
+
 /// Activations packed for a float kernel that takes `chunk` values per lane step, in panels
 /// of [`PANEL`] rows: per panel `[chunk][row][chunk values]`, then `[row][k mod chunk]` (the
 /// tail); rows past `m` are zero. `T` is what the kernel reads: the rounded values as f32

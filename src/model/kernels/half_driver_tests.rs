@@ -139,3 +139,12 @@ macro_rules! product_of {
     };
 }
 pub(crate) use product_of;
+
+#[test]
+fn sub_slices_cover_the_chunks_in_order() {
+    use super::sub_slices;
+    let pieces: Vec<_> = sub_slices(64..200, 64).collect();
+    assert_eq!(pieces, vec![64..128, 128..192, 192..200]);
+    assert_eq!(sub_slices(0..64, 64).collect::<Vec<_>>(), vec![0..64]);
+    assert_eq!(sub_slices(5..5, 64).count(), 0);
+}

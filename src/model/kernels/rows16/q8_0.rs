@@ -25,8 +25,9 @@
 //! `acc = fma(d_w·d_a, Σ_{e<32} q_w[e]·q_a[e], acc)`, then for Q5_1 `acc = fma(m_w, s_a, acc)`,
 //! over the blocks in order, from zero. The
 //! integer sums are exact whichever instructions form them: AVX-512 VNNI multiplies
-//! `q_w + 128` (unsigned) by `q_a` and starts from `−128·Σq_a`; AVX2 multiplies `|q_w|` by
-//! `q_a` with `q_w`'s sign (pairs below 2¹⁵: 128·127·2); so the AVX-512 path (sixteen rows per
+//! `q_w + 128` (unsigned) by `q_a` and starts from `−128·Σq_a`; AVX2 multiplies Q8_0's `|q_w|`
+//! by `q_a` with `q_w`'s sign (pairs below 2¹⁵: 128·127·2), and Q5_0's and Q5_1's values as
+//! unsigned 0..31 (Q5_0's plus 16, from `−16·Σq_a`); so the AVX-512 path (sixteen rows per
 //! register), the AVX2 path (eight), the AMX path (`tdpbssd` on the runs as stored: they are
 //! already the tile's layout) and the portable one give the same bits.
 
