@@ -103,17 +103,7 @@ unsafe fn columns<const V: usize>(
     }
     // The keys every query of a full group sees run without a per-query range check (the
     // bulk of a causal row); the edges with it. Either way each chain takes its keys in order.
-    let every = if g.live == QUERY_GROUP {
-        let (lo, hi) = (g.start.iter().max(), g.end.iter().min());
-        keys.start.max(*lo.unwrap_or(&0))..keys.end.min(*hi.unwrap_or(&0))
-    } else {
-        keys.start..keys.start
-    };
-    let bulk = if every.is_empty() {
-        keys.end..keys.end
-    } else {
-        every
-    };
+    let bulk = g.shared_keys(&keys);
     let step = |acc: &mut [[__m512; V]; QUERY_GROUP], j: usize, checked: bool| {
         let row = v.as_ptr().add(j * d + c0);
         let vj: [__m512; V] = std::array::from_fn(|c| _mm512_loadu_ps(row.add(16 * c)));
