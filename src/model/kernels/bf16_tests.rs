@@ -106,6 +106,41 @@ fn zeros_denormals_tiny_values_and_infinities_give_the_same_bits_on_every_path()
     }
 }
 
+/// A product beyond f32's range that the sum before it brings back: the fused step adds the
+/// exact product (2¹²⁸ to −1.5·2¹²⁷ gives 2¹²⁶), a rounded product would be infinite. Every
+/// level must give the fused step's finite bits: a kernel that rounds the products (a
+/// multiply, then an add) is the same arithmetic only while no product overflows.
+#[test]
+fn an_overflowing_product_that_the_sum_brings_back_is_finite_on_every_path() {
+    let (m, n, k) = (5, 7, 64);
+    let mut w = vec![0f32; n * k];
+    let mut x = vec![0f32; m * k];
+    // Lane 0: chunk 0's odd product −2¹²⁷, its even one −2¹²⁶, chunk 1's odd product 2¹²⁸.
+    for (r, x) in x.chunks_exact_mut(k).enumerate() {
+        (x[1], x[0], x[17]) = (-(2f32.powi(64)), -(2f32.powi(64)), 2f32.powi(64));
+        x[40 + r] = 1.0;
+    }
+    for (j, w) in w.chunks_exact_mut(k).enumerate() {
+        (w[1], w[0], w[17]) = (2f32.powi(63), 2f32.powi(62), 2f32.powi(64));
+        w[50 + j % 3] = 0.5;
+    }
+    let bytes: Vec<u8> = w
+        .iter()
+        .flat_map(|&v| ::half::bf16::from_f32(v).to_bits().to_le_bytes())
+        .collect();
+    let w = Bf16Matrix::from_bytes(&bytes, n, k).expect("layout");
+    let portable = w.matmul_at(&x, m, Isa::Portable);
+    assert!(
+        portable
+            .iter()
+            .all(|v| v.is_finite() && *v >= 2f32.powi(126)),
+        "{portable:?}"
+    );
+    for isa in levels() {
+        assert!(same_bits(&w.matmul_at(&x, m, isa), &portable), "{isa:?}");
+    }
+}
+
 #[test]
 fn weights_in_the_file_map_are_used_in_place_with_the_same_bits() {
     use crate::model::mapped::{tests::map_of, MappedBytes};

@@ -152,3 +152,82 @@ fn the_cpu_tile_unit_matches_the_definitions_where_it_exists() {
         }
     }
 }
+
+/// Runs [`pipelined`] over `units` products of random 8 × 64 by 64 × 16 byte tiles, checking
+/// that each unit gets the documented tiles and that `consume` sees every unit's exact sums
+/// once, in order.
+fn check_pipeline<T: Tiles>(tiles: &mut T, units: usize, seed: &mut u64) {
+    const K: usize = 64;
+    let mut byte = || {
+        *seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (*seed >> 33) as u8
+    };
+    let a: Vec<[u8; PANEL * K]> = (0..units)
+        .map(|_| std::array::from_fn(|_| byte()))
+        .collect();
+    let b: Vec<[u8; K * 16]> = (0..units)
+        .map(|_| std::array::from_fn(|_| byte()))
+        .collect();
+    // B's row `k / 4` holds column `n`'s four bytes `k..k + 4` at `4n` (the VNNI layout).
+    let want = |u: usize| -> PanelSums {
+        std::array::from_fn(|r| {
+            std::array::from_fn(|n| {
+                (0..K)
+                    .map(|k| {
+                        a[u][r * K + k] as i8 as i32
+                            * b[u][(k / 4) * 64 + 4 * n + k % 4] as i8 as i32
+                    })
+                    .sum()
+            })
+        })
+    };
+    let mut seen = Vec::new();
+    unsafe {
+        tiles.configure(&pipelined_config(K as u16));
+        pipelined(
+            tiles,
+            units,
+            |t, u, roles| {
+                assert_eq!(
+                    (roles.c as usize, roles.a as usize, roles.b as usize),
+                    (u % 4, 4 + u % 2, 6 + u % 2),
+                    "unit {u}'s tiles"
+                );
+                t.zero(roles.c);
+                t.load(roles.a, a[u].as_ptr(), K);
+                t.load(roles.b, b[u].as_ptr(), 64);
+                t.dp_ss(roles.c, roles.a, roles.b);
+            },
+            |u, sums| {
+                assert_eq!(*sums, want(u), "unit {u} of {units}");
+                seen.push(u);
+            },
+        );
+        tiles.release();
+    }
+    assert_eq!(seen, (0..units).collect::<Vec<_>>(), "{units} units");
+}
+
+/// The pipeline's lags and accumulator rotation, for unit counts around each multiple of the
+/// four accumulators, on the emulated tiles everywhere and on the CPU's tile unit where this
+/// process uses it (the kernels that call [`pipelined`] run only on CPUs with AVX-512, this
+/// test on every one).
+#[test]
+fn the_pipeline_hands_every_units_sums_over_once_in_order() {
+    use crate::model::kernels::{isa_choice, Isa};
+    let mut seed = 5;
+    let counts = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 32];
+    for units in counts {
+        check_pipeline(&mut Emulated::default(), units, &mut seed);
+    }
+    let choice = isa_choice();
+    if choice.used < Isa::Amx {
+        crate::model::kernels::tests::amx_skipped(&choice);
+        return;
+    }
+    for units in counts {
+        check_pipeline(&mut Hardware, units, &mut seed);
+    }
+}
