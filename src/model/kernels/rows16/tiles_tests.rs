@@ -157,13 +157,10 @@ fn the_cpu_tile_unit_matches_the_definitions_where_it_exists() {
 /// that each unit gets the documented tiles and that `consume` sees every unit's exact sums
 /// once, in order.
 fn check_pipeline<T: Tiles>(tiles: &mut T, units: usize, seed: &mut u64) {
+    use crate::model::kernels::panel::tests::lcg;
     const K: usize = 64;
-    let mut byte = || {
-        *seed = seed
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (*seed >> 33) as u8
-    };
+    // Every byte value, so that both signs meet in the signed products.
+    let mut byte = || ((lcg(seed) + 1.0) * 127.9) as u8;
     let a: Vec<[u8; PANEL * K]> = (0..units)
         .map(|_| std::array::from_fn(|_| byte()))
         .collect();
