@@ -207,11 +207,13 @@ COMMIT=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)
     echo "|---|---|---|---|---|---|---|"
 } >"$OUT"
 
+JSONS=()
 for cell in "${SELECTED[@]}"; do
     read -r id chunks <<<"$cell"
     base=${id%@*} threads=${id#*@t} model=${id%%/*}
     path=$(make_model "$base")
     json="$JSON_DIR/${id//\//-}.json"
+    JSONS+=("$json")
     echo "bench-matrix: $id ($chunks chunks of $CTX, $REPEAT rounds)" >&2
     args=(bench --model "$path" --data "$DATA" --ctx "$CTX" --chunks "$chunks" --threads "$threads"
         --precision native --repeat "$REPEAT" --output "$json")
@@ -240,4 +242,15 @@ for cell in "${SELECTED[@]}"; do
     ' "$json" >>"$OUT"
     tail -1 "$OUT" >&2
 done
+# What each tool says it ran, over this run's cells (one line per distinct value): ppl's kernel
+# level and how it was chosen, llama.cpp's `system_info` (the instruction sets and kernels it
+# built and uses: AMX_INT8, REPACK, …), and a LLAMA_ARG_REPACK given to llama.cpp.
+{
+    echo
+    jq -rs '[.[].measurements[] | select(.tool == "ppl") | .kernels // empty] | unique | .[]
+        | "ppl kernels: \(.)"' "${JSONS[@]}"
+    jq -rs '[.[].measurements[] | select(.tool == "llama.cpp") | .kernels // empty] | unique | .[]
+        | "llama.cpp system_info: \(.)"' "${JSONS[@]}"
+    [ -z "${LLAMA_ARG_REPACK:-}" ] || echo "llama.cpp ran with LLAMA_ARG_REPACK=$LLAMA_ARG_REPACK"
+} >>"$OUT"
 cat "$OUT"

@@ -65,6 +65,9 @@ struct Measurement {
     seconds_per_chunk: f64,
     peak_rss_bytes: Option<u64>,
     ppl: Option<f64>,
+    /// The kernels the run used, as the tool says: ppl's level and how it was chosen
+    /// (results.json `system.kernels.summary`), llama.cpp's `system_info` line.
+    kernels: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -171,6 +174,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
                 seconds_per_chunk: r.timings.eval_s / args.chunks as f64,
                 peak_rss_bytes: r.system.peak_rss_bytes,
                 ppl: Some(r.ppl),
+                kernels: r.system.kernels.as_ref().map(|k| k.summary.clone()),
             };
             eprintln!(
                 "round {round} ppl {p}: {:.1} tok/s (eval), {:.2} s/chunk, wall {wall:.2} s, peak RSS {} MiB, PPL {:.4}",
@@ -217,6 +221,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
                 .find_map(|l| l.split("Final estimate: PPL = ").nth(1))
                 .and_then(|v| v.split_whitespace().next())
                 .and_then(|v| v.parse().ok());
+            let system_info = llama_system_info(&log);
             eprintln!(
                 "round {round} llama.cpp: {:.1} tok/s (wall {wall:.2} s), PPL {ppl:?}",
                 tokens as f64 / wall
@@ -233,6 +238,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
                 seconds_per_chunk: wall / args.chunks as f64,
                 peak_rss_bytes: rss,
                 ppl,
+                kernels: system_info,
             });
         }
     }
@@ -293,6 +299,15 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// llama.cpp's `system_info` line in its log (the instruction sets and kernels it built and
+/// uses, e.g. `AVX512 = 1 | … | AMX_INT8 = 1 | REPACK = 1`), without the log's prefix.
+fn llama_system_info(log: &str) -> Option<String> {
+    log.lines().find_map(|l| {
+        l.split_once("system_info: ")
+            .map(|(_, info)| info.trim().to_string())
+    })
+}
+
 /// Reads `path` from start to end (into a reused buffer, nothing kept), which leaves its
 /// pages in the page cache where memory allows; returns the bytes read.
 fn read_through(path: &Path) -> anyhow::Result<u64> {
@@ -338,6 +353,18 @@ fn tempdir() -> anyhow::Result<ScratchDir> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn llama_cpps_system_info_line_is_found_without_its_prefix() {
+        let log = "0.00.001.000 I build: 1 (abc)\n\
+            0.00.274.077 I system_info: n_threads = 2 (n_threads_batch = 2) / 2 | CPU : AVX512 = 1 | AMX_INT8 = 1 | REPACK = 1 | \n\
+            0.02.520.275 I Final estimate: PPL = 12.8254 +/- 2.47921\n";
+        assert_eq!(
+            llama_system_info(log).as_deref(),
+            Some("n_threads = 2 (n_threads_batch = 2) / 2 | CPU : AVX512 = 1 | AMX_INT8 = 1 | REPACK = 1 |")
+        );
+        assert_eq!(llama_system_info("Final estimate: PPL = 1.0\n"), None);
+    }
 
     #[test]
     fn reading_through_a_file_counts_every_byte_and_names_a_missing_one() {
