@@ -117,9 +117,13 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     if args.llama_perplexity.is_some() && llama_model != &model {
         files.push(llama_model);
     }
-    for file in files {
+    for file in files
+        .into_iter()
+        .flat_map(|m| model_files(m))
+        .collect::<Vec<_>>()
+    {
         let t = Instant::now();
-        let bytes = read_through(file)?;
+        let bytes = read_through(&file)?;
         eprintln!(
             "warm-up: read {} ({} MiB) in {:.2} s, so that every round finds it in the page cache",
             file.display(),
@@ -308,12 +312,31 @@ fn llama_system_info(log: &str) -> Option<String> {
     })
 }
 
+/// The files a model is read from: a GGUF file itself, or the regular files of a Hugging
+/// Face checkpoint directory (its safetensors shards, config and tokenizer); a path that is
+/// neither is returned as it is, for [`read_through`] to name.
+fn model_files(model: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(model) else {
+        return vec![model.to_path_buf()];
+    };
+    let mut files: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_file())
+        .collect();
+    files.sort();
+    files
+}
+
 /// Reads `path` from start to end (into a reused buffer, nothing kept), which leaves its
 /// pages in the page cache where memory allows; returns the bytes read.
 fn read_through(path: &Path) -> anyhow::Result<u64> {
     use std::io::Read;
-    let mut file = std::fs::File::open(path)
-        .with_context(|| format!("cannot open the model file {}", path.display()))?;
+    let mut file = std::fs::File::open(path).with_context(|| {
+        format!(
+            "cannot open the model file {}: pass an existing GGUF file or checkpoint directory with --model",
+            path.display()
+        )
+    })?;
     let mut buf = vec![0u8; 8 << 20];
     let mut total = 0u64;
     loop {
@@ -367,14 +390,22 @@ mod tests {
     }
 
     #[test]
-    fn reading_through_a_file_counts_every_byte_and_names_a_missing_one() {
+    fn the_warm_up_reads_every_byte_of_a_model_and_names_a_missing_one() {
         let dir = tempdir().unwrap();
         let path = dir.join("model.gguf");
         // Larger than the buffer and not a multiple of it: the last partial read counts.
         let len = (8 << 20) + 12_345;
         std::fs::write(&path, vec![7u8; len]).unwrap();
         assert_eq!(read_through(&path).unwrap(), len as u64);
+        // A checkpoint directory is read file by file; a file is itself.
+        std::fs::write(dir.join("config.json"), b"{}").unwrap();
+        assert_eq!(
+            model_files(&dir),
+            vec![dir.join("config.json"), dir.join("model.gguf")]
+        );
+        assert_eq!(model_files(&path), vec![path.clone()]);
         let missing = dir.join("absent.gguf");
+        assert_eq!(model_files(&missing), vec![missing.clone()]);
         let err = format!("{:#}", read_through(&missing).unwrap_err());
         assert!(err.contains("absent.gguf"), "{err}");
     }
