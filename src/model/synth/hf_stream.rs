@@ -143,7 +143,10 @@ pub fn write_checkpoint(
         1.0
     };
 
-    let tmp = PathBuf::from(format!("{}.tmp-{}", out.display(), std::process::id()));
+    // Beside `out`, not inside it: `components` drops the trailing `/` of `-o dir/`, which
+    // would otherwise put `dir/.tmp-PID` in the directory about to be replaced.
+    let beside = out.components().as_path();
+    let tmp = PathBuf::from(format!("{}.tmp-{}", beside.display(), std::process::id()));
     let result = (|| -> Result<Written, SynthError> {
         std::fs::create_dir_all(&tmp).map_err(io(&tmp))?;
         let st_path = tmp.join("model.safetensors");
