@@ -65,10 +65,12 @@ trap 'rm -rf "$SCRATCH"' EXIT
 run() {
     local model=$1 threads=$2 out=$SCRATCH/r.json
     local t0 t1
+    # No earlier run's results may stand in for a failed one.
+    rm -f "$out"
     t0=$(date +%s.%N)
     "$PPL" eval --model "$model" --data "$DATA" --ctx "$CTX" --chunks "$CHUNKS" \
         --threads "$threads" --progress none --quiet --output "$out" \
-        --run-dir "$SCRATCH/run" >/dev/null
+        --run-dir "$SCRATCH/run" >/dev/null || return 1
     t1=$(date +%s.%N)
     rm -rf "$SCRATCH/run"
     jq -r --arg wall "$(awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.3f", b - a}')" \
@@ -79,10 +81,16 @@ median() { sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (
 
 echo "threads $HIGH over $LOW, $ROUNDS rounds alternating, ctx $CTX, $CHUNKS chunks, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
 for model in "${MODELS[@]}"; do
+    # Read once before the rounds (as `ppl bench` does), so that the first run, at LOW
+    # threads, does not alone pay for a model file not yet in the page cache.
+    cat "$model" >/dev/null
     walls=() evals=() ppl_seen=
     for round in $(seq 1 "$ROUNDS"); do
-        read -r wl el pl kl <<<"$(run "$model" "$LOW")"
-        read -r wh eh ph kh <<<"$(run "$model" "$HIGH")"
+        # Assignments, so that a failed run stops the script (a here-string would hide it).
+        low=$(run "$model" "$LOW") || die "$model: ppl eval --threads $LOW failed"
+        high=$(run "$model" "$HIGH") || die "$model: ppl eval --threads $HIGH failed"
+        read -r wl el pl kl <<<"$low"
+        read -r wh eh ph kh <<<"$high"
         for p in "$pl" "$ph"; do
             [ -z "$ppl_seen" ] && ppl_seen=$p
             [ "$p" = "$ppl_seen" ] || die "$model: PPL $p differs from $ppl_seen (threads must not change the result)"
