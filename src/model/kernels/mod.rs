@@ -410,6 +410,9 @@ pub fn bf16_tiles() -> bool {
 pub fn kernels_summary() -> String {
     let choice = isa_choice();
     let mut s = choice.summary();
+    if choice.used >= Isa::Amx {
+        s += &format!("; {}", rows16::tiles_pay::summary());
+    }
     if choice.used >= Isa::Amx && bf16_tiles() {
         s += "; BF16 on the tiles";
     } else if choice.used >= Isa::Avx512Bf16 {

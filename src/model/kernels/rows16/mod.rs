@@ -29,6 +29,7 @@ mod shared_x86;
 #[cfg(test)]
 pub(crate) mod tests;
 pub mod tiles;
+pub mod tiles_pay;
 
 use std::marker::PhantomData;
 
@@ -342,7 +343,7 @@ impl<F: Format> Rows16Matrix<F> {
 
     /// `x [m, k]` (row-major) times this matrix transposed: `[m, n]`.
     pub fn matmul(&self, x: &[f32], m: usize) -> Vec<f32> {
-        self.matmul_at(x, m, super::isa())
+        self.matmul_at(x, m, tiles_pay::level_for::<F>())
     }
 
     /// [`Self::matmul`] at level `isa` (capped to this process's): every level gives the same
@@ -458,7 +459,7 @@ impl<F: Format> OwnMatrix for Rows16Matrix<F> {
 
     fn matmul_shared(&self, input: &SharedInput<'_>) -> Vec<f32> {
         let a = F::Act::shared(input, self.k);
-        self.matmul_prepared(a, input.rows(), kernel_at::<F>(super::isa()))
+        self.matmul_prepared(a, input.rows(), kernel_at::<F>(tiles_pay::level_for::<F>()))
     }
 
     fn dequantize_row(&self, j: usize, out: &mut [f32]) {
