@@ -248,6 +248,68 @@ pub fn drive(
     out
 }
 
+/// [`drive`] for kernels that meet weights staged per group (decoded once into the layout
+/// their instructions read) and take a run of panels per call: within each task, for each run
+/// of up to `chunk_panels` panels (an even number: the kernels take them in pairs; their
+/// activations stay in the cache), for each group `j`, `stage(j, &mut staged)` then
+/// `kernel(&staged, p, j, rows)` with the output rows of panels `p, p + 1, …` (so a staged
+/// group is read from the cache by every panel of the run). The outputs are [`drive`]'s: each
+/// is still computed on its own activation row, in the same order.
+pub fn drive_staged<S: Default>(
+    m: usize,
+    n: usize,
+    group: usize,
+    chunk_panels: usize,
+    stage: impl Fn(usize, &mut S) + Sync,
+    kernel: impl Fn(&S, usize, usize, &mut [OutRows<'_>]) + Sync,
+) -> Vec<f32> {
+    if m == 0 || n == 0 {
+        return vec![0f32; m * n];
+    }
+    let group = group.max(1);
+    let chunk_panels = chunk_panels.max(2).next_multiple_of(2);
+    let panels = m.div_ceil(PANEL);
+    // Whole pairs per task, so that only the last task may hold an unpaired panel.
+    let per_task = panels
+        .div_ceil(rayon::current_num_threads().max(1))
+        .next_multiple_of(2);
+    let mut out = Vec::with_capacity(m * n);
+    out.spare_capacity_mut()[..m * n]
+        .par_chunks_mut(per_task * PANEL * n)
+        .enumerate()
+        .for_each(|(t, out)| {
+            let rows = out.len() / n;
+            let mut staged = S::default();
+            for (c, chunk) in out.chunks_mut(chunk_panels * PANEL * n).enumerate() {
+                let p0 = c * chunk_panels;
+                for j in (0..n).step_by(group) {
+                    stage(j, &mut staged);
+                    let mut outs: Vec<OutRows<'_>> = chunk
+                        .chunks_mut(PANEL * n)
+                        .enumerate()
+                        .map(|(q, out)| OutRows {
+                            at: j,
+                            n,
+                            live: PANEL.min(rows - (p0 + q) * PANEL),
+                            width: group.min(n - j),
+                            out,
+                            written: 0,
+                        })
+                        .collect();
+                    kernel(&staged, t * per_task + p0, j, &mut outs);
+                    for rows in &outs {
+                        let all = (1u16 << rows.live) - 1;
+                        assert_eq!(rows.written as u16, all, "a kernel left output rows out");
+                    }
+                }
+            }
+        });
+    // SAFETY: as in `drive`: every (panel, group) job's live rows were written, `width`
+    // wide (asserted after each call), and the jobs tile the output.
+    unsafe { out.set_len(m * n) };
+    out
+}
+
 /// ggml's `hsum_float_8` order for eight lane sums: `((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7))`.
 pub(crate) fn hsum8(acc: &[f32; 8]) -> f32 {
     let r: [f32; 4] = std::array::from_fn(|i| acc[i + 4] + acc[i]);

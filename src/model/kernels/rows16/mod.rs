@@ -170,6 +170,22 @@ pub struct Job<'a, P> {
     pub a: P,
 }
 
+/// A run of panels against one group whose weights were staged for the tile unit
+/// ([`Format::stage`]): the AMX kernels that take 16 activation rows (two panels) per product
+/// and read each staged block once per run from the cache.
+pub struct StagedJob<'a, P> {
+    /// The group's interleaved blocks (scales, mins).
+    pub group: &'a [u8],
+    /// The group's values as [`Format::stage`] wrote them.
+    pub staged: &'a [u8],
+    /// Blocks per row.
+    pub nb: usize,
+    /// The run's panels (an even number but perhaps the last run's last).
+    pub panels: &'a [P],
+    /// Their activation values as [`Format::stage_pairs`] wrote them, pair after pair.
+    pub pairs: &'a [u8],
+}
+
 /// The portable kernels' loop over a group's blocks: each lane's `N` values decoded once per
 /// block (`decode(src, lane, values)`, as signed bytes), then `block(b, src, values)` runs the
 /// panel's rows through the format's definition, in its float order. (Value by value, per
@@ -291,7 +307,52 @@ pub trait Format: Sized + Send + Sync + 'static {
         let _ = (tiles, job);
         None
     }
+
+    /// Bytes per block of a group staged by [`Format::stage`]; zero where the format has no
+    /// staged tile kernel (its tile level is [`Format::amx`], one job at a time).
+    const STAGED_BLOCK_BYTES: usize = 0;
+
+    /// Writes `group`'s `nb` blocks into `staged` (`nb ·` [`Format::STAGED_BLOCK_BYTES`]
+    /// bytes) in the layout [`Format::amx_staged`] loads into tiles: done once per group and
+    /// pass, and read by every panel pair of the pass.
+    ///
+    /// # Safety
+    /// As [`Format::avx512`].
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn stage(group: &[u8], nb: usize, staged: &mut [u8]) {
+        let _ = (group, nb, staged);
+        unreachable!("{} has no staged tile kernel", Self::NAME)
+    }
+
+    /// The activation values of the panel pairs `(2q, 2q + 1)` in the layout
+    /// [`Format::amx_staged`] loads into tiles, pair after pair, each pair the same size (a
+    /// missing second panel as zeros). Done once per product.
+    #[cfg(target_arch = "x86_64")]
+    fn stage_pairs(panels: &[PanelOf<'_, Self>], nb: usize) -> Vec<u8> {
+        let _ = (panels, nb);
+        unreachable!("{} has no staged tile kernel", Self::NAME)
+    }
+
+    /// The AMX path on staged weights, for a run of panels: `out[q]` the outputs of panel
+    /// `q` of the run.
+    ///
+    /// # Safety
+    /// As [`Format::amx`]; `job.staged` and `job.pairs` were written by [`Format::stage`]
+    /// and [`Format::stage_pairs`] for this job; `out` has a place per panel.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn amx_staged<T: tiles::Tiles>(
+        tiles: &mut T,
+        job: &StagedJob<'_, PanelOf<'_, Self>>,
+        out: &mut [GroupOut],
+    ) {
+        let _ = (tiles, job, out);
+        unreachable!("{} has no staged tile kernel", Self::NAME)
+    }
 }
+
+/// Activation bytes a pass of [`Rows16Matrix::matmul_staged`] keeps in the cache beside one
+/// staged group (a 2 MiB L2 holds both for the 8B shape's widest rows, 14336 values).
+const STAGED_PASS_BYTES: usize = 1 << 20;
 
 /// A weight matrix `[n, k]` (n outputs, k inputs) of format `F`, repacked in interleaved
 /// groups of [`GROUP`] rows (the last group padded with zero rows).
@@ -349,10 +410,82 @@ impl<F: Format> Rows16Matrix<F> {
     /// [`Self::matmul`] at level `isa` (capped to this process's): every level gives the same
     /// bits.
     pub fn matmul_at(&self, x: &[f32], m: usize, isa: Isa) -> Vec<f32> {
-        self.matmul_with(x, m, kernel_at::<F>(isa))
+        assert_eq!(x.len(), m * self.k, "activation shape");
+        self.matmul_prepared_at(&F::Act::quantize(x, m, self.k), m, isa)
+    }
+
+    /// The product of `m` rows of activations already quantized for `F`, at level `isa`
+    /// (capped to this process's): the staged tile kernel where the format has one and the
+    /// level is AMX, else one job at a time.
+    fn matmul_prepared_at(&self, a: &F::Act, m: usize, isa: Isa) -> Vec<f32> {
+        #[cfg(target_arch = "x86_64")]
+        if F::STAGED_BLOCK_BYTES > 0 && isa.min(super::isa()) >= Isa::Amx {
+            // SAFETY: the process runs at the AMX level (permission held, the tile
+            // instructions checked against their definitions at start-up).
+            return unsafe { self.matmul_staged(a, m, || tiles::Hardware) };
+        }
+        self.matmul_prepared(a, m, kernel_at::<F>(isa))
+    }
+
+    /// [`Self::matmul_prepared`] through [`Format::amx_staged`], on the tiles `tiles()` gives
+    /// (the CPU's, or emulated ones in the tests).
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C, and the tiles must be
+    /// usable (see [`tiles::Tiles`]).
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn matmul_staged<T: tiles::Tiles>(
+        &self,
+        a: &F::Act,
+        m: usize,
+        tiles: impl Fn() -> T + Sync,
+    ) -> Vec<f32> {
+        let (n, k) = (self.n, self.k);
+        let nb = k / F::Act::BLOCK;
+        let panels = self.panel_views(a, m);
+        let pairs = F::stage_pairs(&panels, nb);
+        let pair_len = pairs.len() / panels.len().div_ceil(2);
+        let chunk_panels = STAGED_PASS_BYTES / (PANEL * k);
+        let stage = |j: usize, staged: &mut Vec<u8>| {
+            staged.resize(nb * F::STAGED_BLOCK_BYTES, 0);
+            // SAFETY: the caller vouches for the CPU; `staged` has the size `stage` writes.
+            unsafe { F::stage(self.group(j / GROUP), nb, staged) };
+        };
+        panel::drive_staged(m, n, GROUP, chunk_panels, stage, |staged, p0, j, outs| {
+            let run = p0..p0 + outs.len();
+            let job = StagedJob {
+                group: self.group(j / GROUP),
+                staged,
+                nb,
+                panels: &panels[run.clone()],
+                pairs: &pairs[p0 / 2 * pair_len..][..run.len().div_ceil(2) * pair_len],
+            };
+            let mut values = vec![[[0f32; GROUP]; PANEL]; run.len()];
+            // SAFETY: as `stage`; the panels' lengths were checked (`panel_views`), the group
+            // is whole, `staged` and `pairs` were written for it and them.
+            unsafe { F::amx_staged(&mut tiles(), &job, &mut values) };
+            for (out, values) in outs.iter_mut().zip(&values) {
+                for (r, row) in values.iter().enumerate().take(out.live()) {
+                    out.set_row(r, row);
+                }
+            }
+        })
+    }
+
+    /// Each panel's view once (with its length check), not once per job.
+    fn panel_views<'a>(&self, a: &'a F::Act, m: usize) -> Vec<PanelOf<'a, F>> {
+        let nb = self.k / F::Act::BLOCK;
+        (0..m.div_ceil(PANEL))
+            .map(|p| {
+                let a = a.panel(p);
+                assert!(F::Act::holds(&a, nb), "{} activation panel size", F::NAME);
+                a
+            })
+            .collect()
     }
 
     /// [`Self::matmul`] with `kernel` computing each job (the tests' emulated tiles).
+    #[cfg(test)]
     fn matmul_with(
         &self,
         x: &[f32],
@@ -372,14 +505,7 @@ impl<F: Format> Rows16Matrix<F> {
     ) -> Vec<f32> {
         let (n, k) = (self.n, self.k);
         let nb = k / F::Act::BLOCK;
-        // Each panel's view once (with its length check), not once per job.
-        let panels: Vec<PanelOf<'_, F>> = (0..m.div_ceil(PANEL))
-            .map(|p| {
-                let a = a.panel(p);
-                assert!(F::Act::holds(&a, nb), "{} activation panel size", F::NAME);
-                a
-            })
-            .collect();
+        let panels = self.panel_views(a, m);
         panel::drive(m, n, GROUP, |p, j, out| {
             let job = Job {
                 group: self.group(j / GROUP),
@@ -427,7 +553,7 @@ fn kernel_at<F: Format>(isa: Isa) -> Kernel<F> {
         // is at most the process's level, whose instructions were seen to execute (and, for
         // `Amx`, the tile-data permission granted and the tile instructions checked against
         // their definition at start-up: `tiles::Hardware`); each level includes the ones
-        // below it. The jobs' lengths are checked by the caller (`Rows16Matrix::matmul_with`).
+        // below it. The jobs' lengths are checked by the caller (`Rows16Matrix::matmul_prepared`).
         if isa >= Isa::Amx {
             return |job| unsafe {
                 F::amx(&mut tiles::Hardware, job).unwrap_or_else(|| F::avx512(job))
@@ -459,7 +585,7 @@ impl<F: Format> OwnMatrix for Rows16Matrix<F> {
 
     fn matmul_shared(&self, input: &SharedInput<'_>) -> Vec<f32> {
         let a = F::Act::shared(input, self.k);
-        self.matmul_prepared(a, input.rows(), kernel_at::<F>(tiles_pay::level_for::<F>()))
+        self.matmul_prepared_at(a, input.rows(), tiles_pay::level_for::<F>())
     }
 
     fn dequantize_row(&self, j: usize, out: &mut [f32]) {

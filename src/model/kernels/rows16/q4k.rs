@@ -48,6 +48,9 @@ const NIBBLES: usize = MINS + SUB_BLOCKS * GROUP;
 const HIGH_BITS: usize = NIBBLES + QK_K / 2 * GROUP;
 /// Sub-blocks of 32 values per super-block.
 const SUB_BLOCKS: usize = QK_K / 32;
+/// Bytes of one super-block of a group staged for the tile kernel: per 64-value chunk,
+/// the values times their scales' low three bits and times the high three, as bytes.
+const STAGED_BYTES: usize = QK_K / 64 * 2 * 16 * 64;
 
 /// A K-quant format of 4-bit values with 6-bit sub-block scales and mins: Q4_K, and with a
 /// fifth bit per value Q5_K (`HIGH`).
@@ -209,6 +212,29 @@ impl<const HIGH: bool> Format for NibblesK<HIGH> {
     #[cfg(target_arch = "x86_64")]
     unsafe fn amx<T: super::tiles::Tiles>(tiles: &mut T, job: &KJob<'_>) -> Option<GroupOut> {
         Some(x86::group_amx::<T, HIGH>(tiles, job))
+    }
+
+    /// The 6-bit scales, split in two 3-bit halves, fold into the values as unsigned bytes,
+    /// so a super-block's scaled sums form in the tiles.
+    const STAGED_BLOCK_BYTES: usize = STAGED_BYTES;
+
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn stage(group: &[u8], nb: usize, staged: &mut [u8]) {
+        x86::stage_split_scales::<HIGH>(group, nb, staged)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    fn stage_pairs(panels: &[Q8KPanel<'_>], nb: usize) -> Vec<u8> {
+        x86::stage_pairs(panels, nb)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn amx_staged<T: super::tiles::Tiles>(
+        tiles: &mut T,
+        job: &super::StagedJob<'_, Q8KPanel<'_>>,
+        out: &mut [GroupOut],
+    ) {
+        x86::run_amx::<T, HIGH>(tiles, job, out)
     }
 }
 

@@ -5,8 +5,12 @@
 
 use super::super::shared_x86::{self as shared, AVX2_ROWS as ROWS};
 use super::super::tiles::{self, TileConfig, Tiles};
-use super::super::Format;
-use super::{GroupOut, KJob, NibblesK, DMIN, GROUP, HIGH_BITS, MINS, NIBBLES, SCALES, SUB_BLOCKS};
+use super::super::{Format, StagedJob};
+use super::{
+    GroupOut, KJob, NibblesK, DMIN, GROUP, HIGH_BITS, MINS, NIBBLES, SCALES, STAGED_BYTES,
+    SUB_BLOCKS,
+};
+use crate::model::kernels::kquant::q8k::Q8KPanel;
 use crate::model::kernels::kquant::q8k::SUB_BLOCK_PAIRS;
 use crate::model::kernels::kquant::QK_K;
 use crate::model::kernels::panel::PANEL;
@@ -297,4 +301,173 @@ pub(super) unsafe fn group_amx<T: Tiles, const HIGH: bool>(
         },
     );
     outputs(&acc)
+}
+
+/// Bytes of one staged tile: 16 rows of 64 (sixteen weight rows' four values each).
+const STAGED_TILE: usize = 1024;
+
+/// Stages a Q4_K or Q5_K group for [`pair_amx`]: per super-block and 64-value chunk `c`
+/// (sub-blocks `2c` and `2c + 1`), two tiles, the values times the low three bits of their
+/// sub-block's scale, then times the high three bits (`scale = 8·high + low`, each ≤ 7, so
+/// every product, ≤ 15·7 = 105 for Q4_K and 31·7 = 217 for Q5_K, is an unsigned byte); row `8h + t` of a tile holds values `4t..4t + 4` of sub-block `2c + h`
+/// of each weight row (bytes `4j..4j + 4`: row `j`), the tile's layout. The product of a
+/// 16-bit lane by its scale (≤ 7) is bytewise: each byte's product fits in its byte.
+///
+/// # Safety
+/// The CPU must support AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(super) unsafe fn stage_split_scales<const HIGH: bool>(
+    group: &[u8],
+    nb: usize,
+    staged: &mut [u8],
+) {
+    assert!(group.len() >= nb * block_bytes::<HIGH>() && staged.len() >= nb * STAGED_BYTES);
+    let low = _mm512_set1_epi32(7);
+    let in_both_halves = |x: __m512i| _mm512_or_si512(x, _mm512_slli_epi32::<16>(x));
+    for b in 0..nb {
+        let src = group.as_ptr().add(b * block_bytes::<HIGH>());
+        for s in 0..SUB_BLOCKS {
+            let scale =
+                _mm512_cvtepu8_epi32(_mm_loadu_si128(src.add(SCALES + GROUP * s) as *const _));
+            let lo = in_both_halves(_mm512_and_si512(scale, low));
+            let hi = in_both_halves(_mm512_srli_epi32::<3>(scale));
+            let tiles = staged
+                .as_mut_ptr()
+                .add(b * STAGED_BYTES + (s / 2) * 2 * STAGED_TILE);
+            for t in 0..8 {
+                let q = values_avx512::<HIGH>(src, s, t);
+                let row = tiles.add(64 * (8 * (s % 2) + t));
+                _mm512_storeu_si512(row as *mut _, _mm512_mullo_epi16(q, lo));
+                _mm512_storeu_si512(row.add(STAGED_TILE) as *mut _, _mm512_mullo_epi16(q, hi));
+            }
+        }
+    }
+}
+
+/// Bytes of one pair's super-block of activations staged for [`pair_amx`]: 16 rows of 256.
+pub(super) const PAIR_BLOCK_BYTES: usize = 2 * PANEL * QK_K;
+
+/// The activations of panel pairs as [`pair_amx`] loads them: per pair and super-block, the
+/// first panel's 8 rows of 256 values, then the second's (zeros where there is none), so one
+/// 16-row tile holds both panels.
+pub(super) fn stage_pairs(panels: &[Q8KPanel<'_>], nb: usize) -> Vec<u8> {
+    use rayon::prelude::*;
+    let mut out = vec![0u8; panels.len().div_ceil(2) * nb * PAIR_BLOCK_BYTES];
+    out.par_chunks_mut(nb * PAIR_BLOCK_BYTES)
+        .zip(panels.par_chunks(2))
+        .for_each(|(pair, panels)| {
+            for (half, panel) in panels.iter().enumerate() {
+                for b in 0..nb {
+                    let rows = &panel.qs[b * PANEL..][..PANEL];
+                    let dst = &mut pair[(2 * b + half) * PANEL * QK_K..][..PANEL * QK_K];
+                    for (dst, row) in dst.chunks_exact_mut(QK_K).zip(rows) {
+                        // The same bits: i8 to u8 is a reinterpretation (the tile reads them
+                        // as signed).
+                        for (d, &v) in dst.iter_mut().zip(row) {
+                            *d = v as u8;
+                        }
+                    }
+                }
+            }
+        });
+    out
+}
+
+/// Tiles of [`pair_amx`], all 16 rows of 64 bytes: `C` tmm0–tmm1, the low- and high-scale
+/// sums, 16 activation rows (both panels) × 16 weight rows (i32); `A` tmm4–tmm5, a chunk's 64
+/// activations of the 16 rows, by chunk parity; `B` the chunk's staged low- and high-scale
+/// values, tmm6–tmm7 for even chunks and tmm2–tmm3 for odd ones, so that no load waits for a
+/// product still reading its tile.
+const PAIR_TILES: TileConfig = TileConfig::new([(16, 64); 8]);
+
+/// A run of panels against a staged Q4_K or Q5_K group ([`stage_split_scales`]) and their
+/// staged activations ([`stage_pairs`]): super-block by super-block (so its staged 8 KiB stay
+/// in L1 while every pair of the run passes), per pair of panels, four chunks of 64 values,
+/// each one `A` load, two `B` loads and two full 16 × 64 × 16 `tdpbsud` (signed activations,
+/// unsigned staged bytes), so the sums `Σ_s low_s·dot_s` and `Σ_s high_s·dot_s` of the whole
+/// super-block form in the tiles and leave them once, with no per-sub-block vector work; then
+/// `8·high + low` is the AVX-512 path's exact `Σ_s scale_s·dot_s`, and the mins and float step
+/// are its own, super-block after super-block per output. Each unit's vector work is issued
+/// after the next unit's tile products, so the two units overlap.
+///
+/// # Safety
+/// As [`group_avx512`], `tiles` must be usable (see [`Tiles`]) and `job.staged` and
+/// `job.pairs` written by [`stage_split_scales`] and [`stage_pairs`] for this job.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(super) unsafe fn run_amx<T: Tiles, const HIGH: bool>(
+    tiles: &mut T,
+    job: &StagedJob<'_, Q8KPanel<'_>>,
+    out: &mut [GroupOut],
+) {
+    let pairs = job.panels.len().div_ceil(2);
+    assert!(job.staged.len() >= job.nb * STAGED_BYTES);
+    assert!(job.pairs.len() >= pairs * job.nb * PAIR_BLOCK_BYTES);
+    assert!(out.len() >= job.panels.len());
+    let zero: Accumulators = ([_mm512_setzero_ps(); PANEL], [_mm512_setzero_ps(); PANEL]);
+    let mut acc = vec![zero; job.panels.len()];
+    // Per unit parity, the low and the high sums of the pair's 16 rows.
+    let mut dots = [[[[0i32; GROUP]; 2 * PANEL]; 2]; 2];
+    let mut consume = |b: usize, q: usize, [lo, hi]: &[[[i32; GROUP]; 2 * PANEL]; 2]| {
+        let src = job.group.as_ptr().add(b * block_bytes::<HIGH>());
+        let pair = 2 * q..(2 * q + 2).min(job.panels.len());
+        let panels = job.panels[pair.clone()].iter().zip(&mut acc[pair]);
+        for (half, (&a, acc)) in panels.enumerate() {
+            let sums: [__m512i; PANEL] = std::array::from_fn(|r| {
+                let lo = _mm512_loadu_si512(lo[PANEL * half + r].as_ptr() as *const _);
+                let hi = _mm512_loadu_si512(hi[PANEL * half + r].as_ptr() as *const _);
+                _mm512_add_epi32(_mm512_slli_epi32::<3>(hi), lo)
+            });
+            let job = KJob {
+                group: job.group,
+                nb: job.nb,
+                a,
+            };
+            accumulate_super_block(&job, src, b, &sums, acc);
+        }
+    };
+    tiles.configure(&PAIR_TILES);
+    let mut unit = 0;
+    for b in 0..job.nb {
+        let staged = job.staged.as_ptr().add(b * STAGED_BYTES);
+        for q in 0..pairs {
+            let activations = job.pairs.as_ptr().add((q * job.nb + b) * PAIR_BLOCK_BYTES);
+            tiles.zero(0);
+            tiles.zero(1);
+            for c in 0..QK_K / 64 {
+                let (a, lo, hi) = if c % 2 == 0 { (4, 6, 7) } else { (5, 2, 3) };
+                tiles.load(a, activations.add(64 * c), QK_K);
+                tiles.load(lo, staged.add(2 * c * STAGED_TILE), 64);
+                tiles.load(hi, staged.add((2 * c + 1) * STAGED_TILE), 64);
+                tiles.dp_su(0, a, lo);
+                tiles.dp_su(1, a, hi);
+            }
+            // The next unit's activations into L1 while this one multiplies: a tile load
+            // from L2 waited for its rows one after another (half of the kernel's time).
+            let next = if q + 1 < pairs {
+                activations.add(job.nb * PAIR_BLOCK_BYTES)
+            } else {
+                job.pairs.as_ptr().add((b + 1) * PAIR_BLOCK_BYTES)
+            };
+            if q + 1 < pairs || b + 1 < job.nb {
+                for line in 0..PAIR_BLOCK_BYTES / 64 {
+                    _mm_prefetch::<_MM_HINT_T0>(next.add(64 * line) as *const i8);
+                }
+            }
+            if unit > 0 {
+                let (b, q) = ((unit - 1) / pairs, (unit - 1) % pairs);
+                consume(b, q, &dots[(unit - 1) % 2]);
+            }
+            for (t, dots) in dots[unit % 2].iter_mut().enumerate() {
+                tiles.store(t as u8, dots.as_mut_ptr() as *mut u8, 64);
+            }
+            unit += 1;
+        }
+    }
+    if unit > 0 {
+        let (b, q) = ((unit - 1) / pairs, (unit - 1) % pairs);
+        consume(b, q, &dots[(unit - 1) % 2]);
+    }
+    for (out, acc) in out.iter_mut().zip(&acc) {
+        *out = outputs(acc);
+    }
 }

@@ -87,6 +87,23 @@ pub(crate) fn emulated_amx<F: Format>(
 /// The product of `bytes` against the f64 reference (relative 10⁻⁵ of the terms' magnitudes),
 /// and every level this CPU runs, the AMX kernel on emulated tiles and the default path, bit
 /// for bit against the portable one.
+/// The product through the staged tile kernel on emulated tiles, where `F` has one and this
+/// process has AVX-512 (the kernel's vector half).
+pub(crate) fn emulated_staged_amx<F: Format>(
+    w: &Rows16Matrix<F>,
+    x: &[f32],
+    m: usize,
+) -> Option<Vec<f32>> {
+    if isa() < Isa::Avx512 || F::STAGED_BLOCK_BYTES == 0 {
+        return None;
+    }
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: AVX-512 was detected and seen to execute; the tiles are emulated.
+    return Some(unsafe { w.matmul_staged(&F::Act::quantize(x, m, w.k), m, Emulated::default) });
+    #[cfg(not(target_arch = "x86_64"))]
+    None
+}
+
 pub(crate) fn check_bytes<F: Case>(bytes: &[u8], (n, k): (usize, usize), x: &[f32], m: usize) {
     let w = Rows16Matrix::<F>::from_bytes(bytes, n, k).expect("layout");
     let portable = w.matmul_at(x, m, Isa::Portable);
@@ -114,6 +131,14 @@ pub(crate) fn check_bytes<F: Case>(bytes: &[u8], (n, k): (usize, usize), x: &[f3
             bits(&amx),
             bits(&portable),
             "{} emulated AMX ({m},{n},{k})",
+            F::NAME
+        );
+    }
+    if let Some(staged) = emulated_staged_amx(&w, x, m) {
+        assert_eq!(
+            bits(&staged),
+            bits(&portable),
+            "{} emulated staged AMX ({m},{n},{k})",
             F::NAME
         );
     }

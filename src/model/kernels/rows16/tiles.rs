@@ -6,7 +6,8 @@
 //! ([`hardware_matches_definition`]) before any kernel uses it.
 //!
 //! Register roles (so that each `asm!` names its registers literally): accumulators `C` in
-//! `tmm0`–`tmm3`, activations `A` in `tmm4`–`tmm5`, weights `B` in `tmm6`–`tmm7`.
+//! `tmm0`–`tmm3`, activations `A` in `tmm4`–`tmm5`, weights `B` in `tmm6`–`tmm7`; a kernel
+//! with two accumulators (`tmm0`–`tmm1`) may take `tmm2`–`tmm3` as two more `B`.
 //!
 //! Safety argument for [`Hardware`]: the compiler never allocates tile registers (no AMX
 //! target feature is enabled), so state carried between `asm!` blocks is ours alone; a kernel
@@ -237,7 +238,8 @@ mod hardware {
         };
     }
 
-    /// A dot-product instruction on `(C, A, B)` within the roles (C 0–3, A 4–5, B 6–7).
+    /// A dot-product instruction on `(C, A, B)` within the roles (C 0–3, A 4–5, B 6–7; or C
+    /// 0–1, A 4–5, B 2–3).
     macro_rules! dot {
         ($insn:literal, $c:expr, $a:expr, $b:expr) => {
             match ($c, $a, $b) {
@@ -257,6 +259,15 @@ mod hardware {
                 (3, 4, 7) => asm!(concat!($insn, " tmm3, tmm4, tmm7"), options(nostack, nomem)),
                 (3, 5, 6) => asm!(concat!($insn, " tmm3, tmm5, tmm6"), options(nostack, nomem)),
                 (3, 5, 7) => asm!(concat!($insn, " tmm3, tmm5, tmm7"), options(nostack, nomem)),
+                // Kernels with two accumulators take tmm2–tmm3 as a second pair of B tiles.
+                (0, 4, 2) => asm!(concat!($insn, " tmm0, tmm4, tmm2"), options(nostack, nomem)),
+                (0, 4, 3) => asm!(concat!($insn, " tmm0, tmm4, tmm3"), options(nostack, nomem)),
+                (0, 5, 2) => asm!(concat!($insn, " tmm0, tmm5, tmm2"), options(nostack, nomem)),
+                (0, 5, 3) => asm!(concat!($insn, " tmm0, tmm5, tmm3"), options(nostack, nomem)),
+                (1, 4, 2) => asm!(concat!($insn, " tmm1, tmm4, tmm2"), options(nostack, nomem)),
+                (1, 4, 3) => asm!(concat!($insn, " tmm1, tmm4, tmm3"), options(nostack, nomem)),
+                (1, 5, 2) => asm!(concat!($insn, " tmm1, tmm5, tmm2"), options(nostack, nomem)),
+                (1, 5, 3) => asm!(concat!($insn, " tmm1, tmm5, tmm3"), options(nostack, nomem)),
                 other => unreachable!("tiles {other:?} outside the kernels' roles"),
             }
         };

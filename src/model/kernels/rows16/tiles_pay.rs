@@ -9,7 +9,7 @@
 //! float scales, so a format's tile kernel pays off only where its weights reach the tile
 //! cheaply; which formats those are depends on the CPU (and on how busy its tile unit is), so
 //! it is timed, like [`super::super::bf16::vdpbf16ps_pays`]. Decided once per format per
-//! process, on a small product (about a millisecond each).
+//! process, on a small product (a few milliseconds each).
 
 use std::any::TypeId;
 use std::sync::Mutex;
@@ -47,10 +47,12 @@ pub fn tiles_pay<F: Format>() -> bool {
     pays
 }
 
-/// Times a 64 × 1024 by 1024 × 256 product at [`Isa::Amx`] and [`Isa::Avx512`], five times
-/// each, alternating, and compares the best of each.
+/// Times a 512 × 2048 by 2048 × 512 product (activations quantized beforehand) at [`Isa::Amx`] and [`Isa::Avx512`], five times
+/// each, alternating, and compares the best of each. 512 rows, as an evaluation's: the staged tile
+/// kernels ([`super::Format::stage`]) spread a group's staging over every panel pair of a
+/// thread (at 64 or 256 rows Q4_K's timed slower than VNNI, at 512 faster).
 fn time_levels<F: Format>() -> bool {
-    let (m, n, k) = (64, 256, 1024);
+    let (m, n, k) = (512, 512, 2048);
     // Zero bytes are a valid block of every format (zero scales); the integer work, and so
     // the time, does not depend on the values.
     let bytes = vec![0u8; n * (k / <F::Act as super::Activations>::BLOCK) * F::FILE_BLOCK_BYTES];
@@ -60,9 +62,11 @@ fn time_levels<F: Format>() -> bool {
     let x: Vec<f32> = (0..m * k)
         .map(|i| ((i * 53 % 97) as f32 - 48.0) / 32.0)
         .collect();
+    // Quantized once: both levels share the activation quantization, which is not timed.
+    let a = <F::Act as super::Activations>::quantize(&x, m, k);
     let time = |isa: Isa| {
         let start = std::time::Instant::now();
-        std::hint::black_box(w.matmul_at(&x, m, isa));
+        std::hint::black_box(w.matmul_prepared_at(&a, m, isa));
         start.elapsed()
     };
     let (mut tiles, mut vnni) = (Duration::MAX, Duration::MAX);
