@@ -422,13 +422,14 @@ impl<F: Format> Rows16Matrix<F> {
         if F::STAGED_BLOCK_BYTES > 0 && isa.min(super::isa()) >= Isa::Amx {
             // SAFETY: the process runs at the AMX level (permission held, the tile
             // instructions checked against their definitions at start-up).
-            return unsafe { self.matmul_staged(a, m, || tiles::Hardware) };
+            return unsafe { self.matmul_staged(a, m, || tiles::Hardware, STAGED_PASS_BYTES) };
         }
         self.matmul_prepared(a, m, kernel_at::<F>(isa))
     }
 
     /// [`Self::matmul_prepared`] through [`Format::amx_staged`], on the tiles `tiles()` gives
-    /// (the CPU's, or emulated ones in the tests).
+    /// (the CPU's, or emulated ones in the tests), in passes of about `pass_bytes` of
+    /// activations (at least two panels).
     ///
     /// # Safety
     /// The CPU must support AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C, and the tiles must be
@@ -439,13 +440,14 @@ impl<F: Format> Rows16Matrix<F> {
         a: &F::Act,
         m: usize,
         tiles: impl Fn() -> T + Sync,
+        pass_bytes: usize,
     ) -> Vec<f32> {
         let (n, k) = (self.n, self.k);
         let nb = k / F::Act::BLOCK;
         let panels = self.panel_views(a, m);
         let pairs = F::stage_pairs(&panels, nb);
         let pair_len = pairs.len() / panels.len().div_ceil(2);
-        let chunk_panels = STAGED_PASS_BYTES / (PANEL * k);
+        let chunk_panels = pass_bytes / (PANEL * k);
         let stage = |j: usize, staged: &mut Vec<u8>| {
             staged.resize(nb * F::STAGED_BLOCK_BYTES, 0);
             // SAFETY: the caller vouches for the CPU; `staged` has the size `stage` writes.

@@ -98,8 +98,20 @@ pub(crate) fn emulated_staged_amx<F: Format>(
         return None;
     }
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: AVX-512 was detected and seen to execute; the tiles are emulated.
-    return Some(unsafe { w.matmul_staged(&F::Act::quantize(x, m, w.k), m, Emulated::default) });
+    {
+        let a = F::Act::quantize(x, m, w.k);
+        // SAFETY: AVX-512 was detected and seen to execute; the tiles are emulated.
+        let run = |pass_bytes| unsafe { w.matmul_staged(&a, m, Emulated::default, pass_bytes) };
+        let whole = run(super::STAGED_PASS_BYTES);
+        // Passes of two panels: every group staged again per pass, the same bits.
+        assert_eq!(
+            bits(&run(0)),
+            bits(&whole),
+            "{} in passes of two panels",
+            F::NAME
+        );
+        Some(whole)
+    }
     #[cfg(not(target_arch = "x86_64"))]
     None
 }
