@@ -373,22 +373,23 @@ pub(super) fn stage_pairs(panels: &[Q8KPanel<'_>], nb: usize) -> Vec<u8> {
     out
 }
 
-/// Tiles of [`pair_amx`], all 16 rows of 64 bytes: `C` tmm0–tmm1, the low- and high-scale
-/// sums, 16 activation rows (both panels) × 16 weight rows (i32); `A` tmm4–tmm5, a chunk's 64
-/// activations of the 16 rows, by chunk parity; `B` the chunk's staged low- and high-scale
-/// values, tmm6–tmm7 for even chunks and tmm2–tmm3 for odd ones, so that no load waits for a
-/// product still reading its tile.
-const PAIR_TILES: TileConfig = TileConfig::new([(16, 64); 8]);
+/// Tiles of [`run_amx`], all 16 rows of 64 bytes: `C` tmm0–tmm3, for each of two panel pairs
+/// the low- and high-scale sums, 16 activation rows × 16 weight rows (i32); `A` tmm4–tmm5, a
+/// chunk's 64 activations of each pair's 16 rows; `B` tmm6–tmm7, the chunk's staged low- and
+/// high-scale values. Each `A` and `B` meets two others, and the four accumulators are four
+/// independent chains (with two, a unit waited on the products' latency: 1.7× slower).
+const QUAD_TILES: TileConfig = TileConfig::new([(16, 64); 8]);
 
 /// A run of panels against a staged Q4_K or Q5_K group ([`stage_split_scales`]) and their
 /// staged activations ([`stage_pairs`]): super-block by super-block (so its staged 8 KiB stay
-/// in L1 while every pair of the run passes), per pair of panels, four chunks of 64 values,
-/// each one `A` load, two `B` loads and two full 16 × 64 × 16 `tdpbsud` (signed activations,
-/// unsigned staged bytes), so the sums `Σ_s low_s·dot_s` and `Σ_s high_s·dot_s` of the whole
-/// super-block form in the tiles and leave them once, with no per-sub-block vector work; then
-/// `8·high + low` is the AVX-512 path's exact `Σ_s scale_s·dot_s`, and the mins and float step
-/// are its own, super-block after super-block per output. Each unit's vector work is issued
-/// after the next unit's tile products, so the two units overlap.
+/// in L1 while every panel of the run passes), per two pairs of panels (32 rows), four chunks
+/// of 64 values, each two `A` loads, two `B` loads and four full 16 × 64 × 16 `tdpbsud`
+/// (signed activations, unsigned staged bytes), so the sums `Σ_s low_s·dot_s` and
+/// `Σ_s high_s·dot_s` of the whole super-block form in the tiles and leave them once, with no
+/// per-sub-block vector work; then `8·high + low` is the AVX-512 path's exact
+/// `Σ_s scale_s·dot_s`, and the mins and float step are its own, super-block after super-block
+/// per output. Each unit's vector work is issued after the next unit's tile products, so the
+/// two units overlap.
 ///
 /// # Safety
 /// As [`group_avx512`], `tiles` must be usable (see [`Tiles`]) and `job.staged` and
@@ -400,18 +401,30 @@ pub(super) unsafe fn run_amx<T: Tiles, const HIGH: bool>(
     out: &mut [GroupOut],
 ) {
     let pairs = job.panels.len().div_ceil(2);
+    let quads = pairs.div_ceil(2);
     assert!(job.staged.len() >= job.nb * STAGED_BYTES);
     assert!(job.pairs.len() >= pairs * job.nb * PAIR_BLOCK_BYTES);
     assert!(out.len() >= job.panels.len());
     let zero: Accumulators = ([_mm512_setzero_ps(); PANEL], [_mm512_setzero_ps(); PANEL]);
     let mut acc = vec![zero; job.panels.len()];
-    // Per unit parity, the low and the high sums of the pair's 16 rows.
-    let mut dots = [[[[0i32; GROUP]; 2 * PANEL]; 2]; 2];
-    let mut consume = |b: usize, q: usize, [lo, hi]: &[[[i32; GROUP]; 2 * PANEL]; 2]| {
+    // Per unit parity, per pair of the unit, the low and the high sums of its 16 rows.
+    type Sums = [[[i32; GROUP]; 2 * PANEL]; 2];
+    let mut dots = [[[[[0i32; GROUP]; 2 * PANEL]; 2]; 2]; 2];
+    // The unit's two pairs (a lone last pair twice: its second copy is not used).
+    let pairs_of = |u: usize| [2 * u, (2 * u + 1).min(pairs - 1)];
+    let activations_of =
+        |b: usize, q: usize| job.pairs.as_ptr().add((q * job.nb + b) * PAIR_BLOCK_BYTES);
+    let mut consume = |b: usize, u: usize, sums: &[Sums; 2]| {
         let src = job.group.as_ptr().add(b * block_bytes::<HIGH>());
-        let pair = 2 * q..(2 * q + 2).min(job.panels.len());
-        let panels = job.panels[pair.clone()].iter().zip(&mut acc[pair]);
-        for (half, (&a, acc)) in panels.enumerate() {
+        let first = 4 * u;
+        let panels = first..(first + 4).min(job.panels.len());
+        for (i, (&a, acc)) in job.panels[panels.clone()]
+            .iter()
+            .zip(&mut acc[panels])
+            .enumerate()
+        {
+            let [lo, hi] = &sums[i / 2];
+            let half = i % 2;
             let sums: [__m512i; PANEL] = std::array::from_fn(|r| {
                 let lo = _mm512_loadu_si512(lo[PANEL * half + r].as_ptr() as *const _);
                 let hi = _mm512_loadu_si512(hi[PANEL * half + r].as_ptr() as *const _);
@@ -425,47 +438,54 @@ pub(super) unsafe fn run_amx<T: Tiles, const HIGH: bool>(
             accumulate_super_block(&job, src, b, &sums, acc);
         }
     };
-    tiles.configure(&PAIR_TILES);
+    tiles.configure(&QUAD_TILES);
     let mut unit = 0;
     for b in 0..job.nb {
         let staged = job.staged.as_ptr().add(b * STAGED_BYTES);
-        for q in 0..pairs {
-            let activations = job.pairs.as_ptr().add((q * job.nb + b) * PAIR_BLOCK_BYTES);
-            tiles.zero(0);
-            tiles.zero(1);
+        for u in 0..quads {
+            let [q0, q1] = pairs_of(u);
+            let (a0, a1) = (activations_of(b, q0), activations_of(b, q1));
+            for c in 0..4 {
+                tiles.zero(c);
+            }
             for c in 0..QK_K / 64 {
-                let (a, lo, hi) = if c % 2 == 0 { (4, 6, 7) } else { (5, 2, 3) };
-                tiles.load(a, activations.add(64 * c), QK_K);
-                tiles.load(lo, staged.add(2 * c * STAGED_TILE), 64);
-                tiles.load(hi, staged.add((2 * c + 1) * STAGED_TILE), 64);
-                tiles.dp_su(0, a, lo);
-                tiles.dp_su(1, a, hi);
+                tiles.load(4, a0.add(64 * c), QK_K);
+                tiles.load(5, a1.add(64 * c), QK_K);
+                tiles.load(6, staged.add(2 * c * STAGED_TILE), 64);
+                tiles.load(7, staged.add((2 * c + 1) * STAGED_TILE), 64);
+                tiles.dp_su(0, 4, 6);
+                tiles.dp_su(1, 4, 7);
+                tiles.dp_su(2, 5, 6);
+                tiles.dp_su(3, 5, 7);
             }
             // The next unit's activations into L1 while this one multiplies: a tile load
-            // from L2 waited for its rows one after another (half of the kernel's time).
-            let next = if q + 1 < pairs {
-                activations.add(job.nb * PAIR_BLOCK_BYTES)
+            // from L2 waited for its rows one after another.
+            let next = if u + 1 < quads {
+                Some((b, u + 1))
             } else {
-                job.pairs.as_ptr().add((b + 1) * PAIR_BLOCK_BYTES)
+                (b + 1 < job.nb).then_some((b + 1, 0))
             };
-            if q + 1 < pairs || b + 1 < job.nb {
-                for line in 0..PAIR_BLOCK_BYTES / 64 {
-                    _mm_prefetch::<_MM_HINT_T0>(next.add(64 * line) as *const i8);
+            if let Some((nb, nu)) = next {
+                for q in pairs_of(nu) {
+                    let at = activations_of(nb, q);
+                    for line in 0..PAIR_BLOCK_BYTES / 64 {
+                        _mm_prefetch::<_MM_HINT_T0>(at.add(64 * line) as *const i8);
+                    }
                 }
             }
             if unit > 0 {
-                let (b, q) = ((unit - 1) / pairs, (unit - 1) % pairs);
-                consume(b, q, &dots[(unit - 1) % 2]);
+                let (b, u) = ((unit - 1) / quads, (unit - 1) % quads);
+                consume(b, u, &dots[(unit - 1) % 2]);
             }
-            for (t, dots) in dots[unit % 2].iter_mut().enumerate() {
-                tiles.store(t as u8, dots.as_mut_ptr() as *mut u8, 64);
+            for (t, sums) in dots[unit % 2].iter_mut().flatten().enumerate() {
+                tiles.store(t as u8, sums.as_mut_ptr() as *mut u8, 64);
             }
             unit += 1;
         }
     }
     if unit > 0 {
-        let (b, q) = ((unit - 1) / pairs, (unit - 1) % pairs);
-        consume(b, q, &dots[(unit - 1) % 2]);
+        let (b, u) = ((unit - 1) / quads, (unit - 1) % quads);
+        consume(b, u, &dots[(unit - 1) % 2]);
     }
     for (out, acc) in out.iter_mut().zip(&acc) {
         *out = outputs(acc);
