@@ -225,7 +225,7 @@ impl<const HIGH: bool> Format for NibblesK<HIGH> {
 
     #[cfg(target_arch = "x86_64")]
     fn stage_pairs(panels: &[Q8KPanel<'_>], nb: usize) -> Vec<u8> {
-        x86::stage_pairs(panels, nb)
+        super::shared_x86::stage_pairs(panels, nb)
     }
 
     #[cfg(target_arch = "x86_64")]

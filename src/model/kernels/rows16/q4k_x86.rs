@@ -4,6 +4,7 @@
 //! (a fifth bit per value) over Q4_K at compile time.
 
 use super::super::shared_x86::{self as shared, AVX2_ROWS as ROWS};
+use super::super::shared_x86::{PAIR_BLOCK_BYTES, STAGED_TILE};
 use super::super::tiles::{self, TileConfig, Tiles};
 use super::super::{Format, StagedJob};
 use super::{
@@ -303,9 +304,6 @@ pub(super) unsafe fn group_amx<T: Tiles, const HIGH: bool>(
     outputs(&acc)
 }
 
-/// Bytes of one staged tile: 16 rows of 64 (sixteen weight rows' four values each).
-const STAGED_TILE: usize = 1024;
-
 /// Stages a Q4_K or Q5_K group for [`pair_amx`]: per super-block and 64-value chunk `c`
 /// (sub-blocks `2c` and `2c + 1`), two tiles, the values times the low three bits of their
 /// sub-block's scale, then times the high three bits (`scale = 8·high + low`, each ≤ 7, so
@@ -344,35 +342,6 @@ pub(super) unsafe fn stage_split_scales<const HIGH: bool>(
     }
 }
 
-/// Bytes of one pair's super-block of activations staged for [`pair_amx`]: 16 rows of 256.
-pub(super) const PAIR_BLOCK_BYTES: usize = 2 * PANEL * QK_K;
-
-/// The activations of panel pairs as [`pair_amx`] loads them: per pair and super-block, the
-/// first panel's 8 rows of 256 values, then the second's (zeros where there is none), so one
-/// 16-row tile holds both panels.
-pub(super) fn stage_pairs(panels: &[Q8KPanel<'_>], nb: usize) -> Vec<u8> {
-    use rayon::prelude::*;
-    let mut out = vec![0u8; panels.len().div_ceil(2) * nb * PAIR_BLOCK_BYTES];
-    out.par_chunks_mut(nb * PAIR_BLOCK_BYTES)
-        .zip(panels.par_chunks(2))
-        .for_each(|(pair, panels)| {
-            for (half, panel) in panels.iter().enumerate() {
-                for b in 0..nb {
-                    let rows = &panel.qs[b * PANEL..][..PANEL];
-                    let dst = &mut pair[(2 * b + half) * PANEL * QK_K..][..PANEL * QK_K];
-                    for (dst, row) in dst.chunks_exact_mut(QK_K).zip(rows) {
-                        // The same bits: i8 to u8 is a reinterpretation (the tile reads them
-                        // as signed).
-                        for (d, &v) in dst.iter_mut().zip(row) {
-                            *d = v as u8;
-                        }
-                    }
-                }
-            }
-        });
-    out
-}
-
 /// Tiles of [`run_amx`], all 16 rows of 64 bytes: `C` tmm0–tmm3, for each of two panel pairs
 /// the low- and high-scale sums, 16 activation rows × 16 weight rows (i32); `A` tmm4–tmm5, a
 /// chunk's 64 activations of each pair's 16 rows; `B` tmm6–tmm7, the chunk's staged low- and
@@ -381,7 +350,7 @@ pub(super) fn stage_pairs(panels: &[Q8KPanel<'_>], nb: usize) -> Vec<u8> {
 const QUAD_TILES: TileConfig = TileConfig::new([(16, 64); 8]);
 
 /// A run of panels against a staged Q4_K or Q5_K group ([`stage_split_scales`]) and their
-/// staged activations ([`stage_pairs`]): super-block by super-block (so its staged 8 KiB stay
+/// staged activations ([`stage_pairs`](super::super::shared_x86::stage_pairs)): super-block by super-block (so its staged 8 KiB stay
 /// in L1 while every panel of the run passes), per two pairs of panels (32 rows), four chunks
 /// of 64 values, each two `A` loads, two `B` loads and four full 16 × 64 × 16 `tdpbsud`
 /// (signed activations, unsigned staged bytes), so the sums `Σ_s low_s·dot_s` and
@@ -393,7 +362,7 @@ const QUAD_TILES: TileConfig = TileConfig::new([(16, 64); 8]);
 ///
 /// # Safety
 /// As [`group_avx512`], `tiles` must be usable (see [`Tiles`]) and `job.staged` and
-/// `job.pairs` written by [`stage_split_scales`] and [`stage_pairs`] for this job.
+/// `job.pairs` written by [`stage_split_scales`] and [`stage_pairs`](super::super::shared_x86::stage_pairs) for this job.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(super) unsafe fn run_amx<T: Tiles, const HIGH: bool>(
     tiles: &mut T,

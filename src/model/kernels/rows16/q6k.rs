@@ -43,6 +43,9 @@ const NIBBLES: usize = SCALES + 16 * GROUP;
 const HIGH: usize = NIBBLES + 32 * 64;
 /// Sub-blocks of 16 values per super-block.
 const SUB_BLOCKS: usize = QK_K / 16;
+/// Bytes of one super-block of a group staged for the tile kernel: per 64-value chunk, the
+/// values times each of their scales' three base-7 digits, as bytes.
+const STAGED_BYTES: usize = QK_K / 64 * 3 * 16 * 64;
 
 /// The Q6_K format of the interleaved-rows driver.
 pub struct Q6K;
@@ -178,6 +181,29 @@ impl Format for Q6K {
     #[cfg(target_arch = "x86_64")]
     unsafe fn amx<T: super::tiles::Tiles>(tiles: &mut T, job: &Q6KJob<'_>) -> Option<GroupOut> {
         Some(x86::group_amx(tiles, job))
+    }
+
+    /// The i8 scales, as three balanced base-7 digits, fold into the values `q − 32` as
+    /// signed bytes, so a super-block's scaled sums form in the tiles.
+    const STAGED_BLOCK_BYTES: usize = STAGED_BYTES;
+
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn stage(group: &[u8], nb: usize, staged: &mut [u8]) {
+        x86::stage_scale_digits(group, nb, staged)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    fn stage_pairs(panels: &[Q8KPanel<'_>], nb: usize) -> Vec<u8> {
+        super::shared_x86::stage_pairs(panels, nb)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn amx_staged<T: super::tiles::Tiles>(
+        tiles: &mut T,
+        job: &super::StagedJob<'_, Q8KPanel<'_>>,
+        out: &mut [GroupOut],
+    ) {
+        x86::run_amx(tiles, job, out)
     }
 }
 

@@ -3,8 +3,13 @@
 //! operations per output as [`super::group_portable`].
 
 use super::super::shared_x86::{self as shared, AVX2_ROWS as ROWS};
+use super::super::shared_x86::{PAIR_BLOCK_BYTES, STAGED_TILE};
 use super::super::tiles::{self, TileConfig, Tiles};
-use super::{GroupOut, Q6KJob, GROUP_BLOCK_BYTES, HIGH, NIBBLES, SCALES, SUB_BLOCKS};
+use super::super::StagedJob;
+use super::{
+    GroupOut, Q6KJob, GROUP, GROUP_BLOCK_BYTES, HIGH, NIBBLES, SCALES, STAGED_BYTES, SUB_BLOCKS,
+};
+use crate::model::kernels::kquant::q8k::Q8KPanel;
 use crate::model::kernels::kquant::QK_K;
 use crate::model::kernels::panel::PANEL;
 use std::arch::x86_64::*;
@@ -91,13 +96,27 @@ pub(super) unsafe fn group_avx512(job: &Q6KJob<'_>) -> GroupOut {
                 *sum = _mm512_add_epi32(*sum, _mm512_mullo_epi32(t, scale));
             }
         }
-        let dw = _mm512_cvtph_ps(_mm256_loadu_si256(src as *const __m256i));
-        for (r, (acc, sum)) in acc.iter_mut().zip(&sums).enumerate() {
-            let da = _mm512_set1_ps(*job.a.d.get_unchecked(b * PANEL + r));
-            *acc = _mm512_fmadd_ps(_mm512_mul_ps(dw, da), _mm512_cvtepi32_ps(*sum), *acc);
-        }
+        accumulate_super_block(job, src, b, &sums, &mut acc);
     }
     crate::model::kernels::avx512::lanes_to_outputs(&acc)
+}
+
+/// Super-block `b`'s (at `src`) float step on `sums` (the exact scaled integer sums per panel
+/// row): `acc = fma(d_w·d_a, sum, acc)`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn accumulate_super_block(
+    job: &Q6KJob<'_>,
+    src: *const u8,
+    b: usize,
+    sums: &[__m512i; PANEL],
+    acc: &mut [__m512; PANEL],
+) {
+    let dw = _mm512_cvtph_ps(_mm256_loadu_si256(src as *const __m256i));
+    for (r, (acc, sum)) in acc.iter_mut().zip(sums).enumerate() {
+        let da = _mm512_set1_ps(*job.a.d.get_unchecked(b * PANEL + r));
+        *acc = _mm512_fmadd_ps(_mm512_mul_ps(dw, da), _mm512_cvtepi32_ps(*sum), *acc);
+    }
 }
 
 /// Eight weight rows per 256-bit register (the group in two halves), four panel rows per
@@ -282,4 +301,186 @@ pub(super) unsafe fn group_amx<T: Tiles>(tiles: &mut T, job: &Q6KJob<'_>) -> Gro
         },
     );
     crate::model::kernels::avx512::lanes_to_outputs(&acc)
+}
+
+/// Base of the scales' digits in the staged layout: `scale = d₀ + 7·d₁ + 49·d₂` with each
+/// digit in −3..=3 (balanced base 7 reaches ±171, every i8), so a digit times a value
+/// `q − 32` (−32..=31) is at most 96 in magnitude: a signed byte.
+const DIGIT_BASE: i32 = 7;
+
+/// The three balanced base-7 digits of every i8 scale, by its byte.
+const DIGITS: [[i8; 3]; 256] = {
+    let mut table = [[0i8; 3]; 256];
+    let mut byte = 0;
+    while byte < 256 {
+        let mut rest = byte as u8 as i8 as i32;
+        let mut i = 0;
+        while i < 3 {
+            let digit = (rest + 3).rem_euclid(DIGIT_BASE) - 3;
+            table[byte][i] = digit as i8;
+            rest = (rest - digit) / DIGIT_BASE;
+            i += 1;
+        }
+        assert!(rest == 0, "three balanced base-7 digits hold every i8");
+        byte += 1;
+    }
+    table
+};
+
+/// Stages a Q6_K group for [`run_amx`]: per super-block and 64-value chunk `c` (sub-blocks
+/// `4c..4c + 4`), three tiles, the values `q − 32` times digit `i` of their sub-block's scale
+/// ([`DIGITS`]), as signed bytes; row `4h + t` of a tile holds values `4t..4t + 4` of
+/// sub-block `4c + h` of each weight row (bytes `4j..4j + 4`: row `j`), the tile's layout.
+/// The products are formed per 16-bit lane on the sign-extended even and odd bytes.
+///
+/// # Safety
+/// The CPU must support AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(super) unsafe fn stage_scale_digits(group: &[u8], nb: usize, staged: &mut [u8]) {
+    assert!(group.len() >= nb * GROUP_BLOCK_BYTES && staged.len() >= nb * STAGED_BYTES);
+    let (bias, low_byte) = (_mm512_set1_epi8(32), _mm512_set1_epi16(0x00FF));
+    for b in 0..nb {
+        let src = group.as_ptr().add(b * GROUP_BLOCK_BYTES);
+        for s in 0..SUB_BLOCKS {
+            // Each lane's digit in both 16-bit halves of its 32-bit lane.
+            let digits: [__m512i; 3] = std::array::from_fn(|i| {
+                let per_lane: [i32; GROUP] = std::array::from_fn(|j| {
+                    let d = DIGITS[*src.add(SCALES + 16 * s + j) as usize][i] as i16 as u16;
+                    (d as i32) | ((d as i32) << 16)
+                });
+                _mm512_loadu_si512(per_lane.as_ptr() as *const _)
+            });
+            let tiles = staged
+                .as_mut_ptr()
+                .add(b * STAGED_BYTES + (s / 4) * 3 * STAGED_TILE);
+            for (t, q) in sub_block_values(src, s).into_iter().enumerate() {
+                let v = _mm512_sub_epi8(q, bias);
+                let even = _mm512_srai_epi16::<8>(_mm512_slli_epi16::<8>(v));
+                let odd = _mm512_srai_epi16::<8>(v);
+                let row = 64 * (4 * (s % 4) + t);
+                for (i, d) in digits.iter().enumerate() {
+                    let lo = _mm512_and_si512(_mm512_mullo_epi16(even, *d), low_byte);
+                    let hi = _mm512_slli_epi16::<8>(_mm512_mullo_epi16(odd, *d));
+                    let dst = tiles.add(i * STAGED_TILE + row);
+                    _mm512_storeu_si512(dst as *mut _, _mm512_or_si512(lo, hi));
+                }
+            }
+        }
+    }
+}
+
+/// Tiles of [`run_amx`], all 16 rows of 64 bytes: `C` tmm0–tmm2, the sums of the three scale
+/// digits, 16 activation rows (a panel pair) × 16 weight rows (i32); `A` tmm4–tmm5 by chunk
+/// parity, a chunk's 64 activations of the 16 rows; `B` tmm6, tmm7, tmm3, the chunk's staged
+/// values times each digit.
+const DIGIT_TILES: TileConfig = TileConfig::new([(16, 64); 8]);
+
+/// A run of panels against a staged Q6_K group ([`stage_scale_digits`]) and their staged
+/// activations ([`stage_pairs`](super::super::shared_x86::stage_pairs)): super-block by
+/// super-block (its staged 12 KiB stay in L1 while every pair of the run passes), per pair of
+/// panels, four chunks of 64 values, each one `A` load, three `B` loads and three full
+/// 16 × 64 × 16 `tdpbssd`, so the three digit sums of the whole super-block form in the tiles
+/// and leave them once; `d₀ + 7·d₁ + 49·d₂` is then the AVX-512 path's exact
+/// `Σ_s scale_s·Σ_e (q_e − 32)·a_e`, and the float step is its own. Each unit's vector work is
+/// issued after the next unit's tile products.
+///
+/// # Safety
+/// As [`group_avx512`], `tiles` must be usable (see [`Tiles`]) and `job.staged` and
+/// `job.pairs` written for this job.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(super) unsafe fn run_amx<T: Tiles>(
+    tiles: &mut T,
+    job: &StagedJob<'_, Q8KPanel<'_>>,
+    out: &mut [GroupOut],
+) {
+    let pairs = job.panels.len().div_ceil(2);
+    assert!(job.staged.len() >= job.nb * STAGED_BYTES);
+    assert!(job.pairs.len() >= pairs * job.nb * PAIR_BLOCK_BYTES);
+    assert!(out.len() >= job.panels.len());
+    let mut acc = vec![[_mm512_setzero_ps(); PANEL]; job.panels.len()];
+    type Sums = [[[i32; GROUP]; 2 * PANEL]; 3];
+    let mut dots: [Sums; 2] = [[[[0; GROUP]; 2 * PANEL]; 3]; 2];
+    let activations_of =
+        |b: usize, q: usize| job.pairs.as_ptr().add((q * job.nb + b) * PAIR_BLOCK_BYTES);
+    let mut consume = |b: usize, q: usize, [d0, d1, d2]: &Sums| {
+        let src = job.group.as_ptr().add(b * GROUP_BLOCK_BYTES);
+        let pair = 2 * q..(2 * q + 2).min(job.panels.len());
+        let (seven, forty_nine) = (_mm512_set1_epi32(DIGIT_BASE), _mm512_set1_epi32(49));
+        for (half, (&a, acc)) in job.panels[pair.clone()]
+            .iter()
+            .zip(&mut acc[pair])
+            .enumerate()
+        {
+            let sums: [__m512i; PANEL] = std::array::from_fn(|r| {
+                let at = |d: &[[i32; GROUP]; 2 * PANEL]| {
+                    _mm512_loadu_si512(d[PANEL * half + r].as_ptr() as *const _)
+                };
+                let upper = _mm512_add_epi32(
+                    _mm512_mullo_epi32(at(d1), seven),
+                    _mm512_mullo_epi32(at(d2), forty_nine),
+                );
+                _mm512_add_epi32(at(d0), upper)
+            });
+            let job = Q6KJob {
+                group: job.group,
+                nb: job.nb,
+                a,
+            };
+            accumulate_super_block(&job, src, b, &sums, acc);
+        }
+    };
+    tiles.configure(&DIGIT_TILES);
+    let mut unit = 0;
+    for b in 0..job.nb {
+        let staged = job.staged.as_ptr().add(b * STAGED_BYTES);
+        for q in 0..pairs {
+            let activations = activations_of(b, q);
+            for c in 0..3 {
+                tiles.zero(c);
+            }
+            for c in 0..QK_K / 64 {
+                let a = if c % 2 == 0 { 4 } else { 5 };
+                let chunk = staged.add(3 * c * STAGED_TILE);
+                tiles.load(a, activations.add(64 * c), QK_K);
+                tiles.load(6, chunk, 64);
+                tiles.load(7, chunk.add(STAGED_TILE), 64);
+                tiles.load(3, chunk.add(2 * STAGED_TILE), 64);
+                tiles.dp_ss(0, a, 6);
+                tiles.dp_ss(1, a, 7);
+                tiles.dp_ss(2, a, 3);
+            }
+            // The next unit's activations into L1 while this one multiplies.
+            let next = if q + 1 < pairs {
+                Some(activations_of(b, q + 1))
+            } else {
+                (b + 1 < job.nb).then(|| activations_of(b + 1, 0))
+            };
+            if let Some(next) = next {
+                for line in 0..PAIR_BLOCK_BYTES / 64 {
+                    _mm_prefetch::<_MM_HINT_T0>(next.add(64 * line) as *const i8);
+                }
+            }
+            if unit > 0 {
+                consume(
+                    (unit - 1) / pairs,
+                    (unit - 1) % pairs,
+                    &dots[(unit - 1) % 2],
+                );
+            }
+            for (t, sums) in dots[unit % 2].iter_mut().enumerate() {
+                tiles.store(t as u8, sums.as_mut_ptr() as *mut u8, 64);
+            }
+            unit += 1;
+        }
+    }
+    if unit > 0 {
+        consume(
+            (unit - 1) / pairs,
+            (unit - 1) % pairs,
+            &dots[(unit - 1) % 2],
+        );
+    }
+    for (out, acc) in out.iter_mut().zip(&acc) {
+        *out = crate::model::kernels::avx512::lanes_to_outputs(acc);
+    }
 }

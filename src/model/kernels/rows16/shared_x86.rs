@@ -4,6 +4,8 @@
 //! Q5_1) adds them in the same place; and the AVX2 kernels' write-out of their lanes.
 
 use super::{GroupOut, Job, Q8Panel, GROUP, MINIMA};
+use crate::model::kernels::kquant::q8k::Q8KPanel;
+use crate::model::kernels::kquant::QK_K;
 use crate::model::kernels::panel::PANEL;
 use std::arch::x86_64::*;
 
@@ -120,4 +122,37 @@ pub(crate) unsafe fn store_half(out: &mut GroupOut, half: usize, r0: usize, acc:
     for (dr, acc) in acc.iter().enumerate() {
         _mm256_storeu_ps(out[r0 + dr][8 * half..][..8].as_mut_ptr(), *acc);
     }
+}
+
+/// Bytes of one staged tile of the staged AMX kernels: 16 rows of 64 (sixteen weight rows'
+/// four values each, or sixteen activation rows' 64 values).
+pub(crate) const STAGED_TILE: usize = 1024;
+
+/// Bytes of one pair's super-block of Q8_K activations staged by [`stage_pairs`]: 16 rows of
+/// 256.
+pub(crate) const PAIR_BLOCK_BYTES: usize = 2 * PANEL * QK_K;
+
+/// The Q8_K activations of panel pairs as the staged AMX kernels (Q4_K, Q5_K, Q6_K) load them:
+/// per pair and super-block, the first panel's 8 rows of 256 values, then the second's (zeros
+/// where there is none), so one 16-row tile holds both panels.
+pub(crate) fn stage_pairs(panels: &[Q8KPanel<'_>], nb: usize) -> Vec<u8> {
+    use rayon::prelude::*;
+    let mut out = vec![0u8; panels.len().div_ceil(2) * nb * PAIR_BLOCK_BYTES];
+    out.par_chunks_mut(nb * PAIR_BLOCK_BYTES)
+        .zip(panels.par_chunks(2))
+        .for_each(|(pair, panels)| {
+            for (half, panel) in panels.iter().enumerate() {
+                for b in 0..nb {
+                    let rows = &panel.qs[b * PANEL..][..PANEL];
+                    let dst = &mut pair[(2 * b + half) * PANEL * QK_K..][..PANEL * QK_K];
+                    for (dst, row) in dst.chunks_exact_mut(QK_K).zip(rows) {
+                        // The same bits: the tile reads them as signed bytes again.
+                        for (d, &v) in dst.iter_mut().zip(row) {
+                            *d = v as u8;
+                        }
+                    }
+                }
+            }
+        });
+    out
 }

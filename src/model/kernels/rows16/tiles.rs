@@ -7,7 +7,7 @@
 //!
 //! Register roles (so that each `asm!` names its registers literally): accumulators `C` in
 //! `tmm0`–`tmm3`, activations `A` in `tmm4`–`tmm5`, weights `B` in `tmm6`–`tmm7`; a kernel
-//! with two accumulators (`tmm0`–`tmm1`) may take `tmm2`–`tmm3` as two more `B`.
+//! with fewer accumulators may take `tmm2`–`tmm3` as more `B`.
 //!
 //! Safety argument for [`Hardware`]: the compiler never allocates tile registers (no AMX
 //! target feature is enabled), so state carried between `asm!` blocks is ours alone; a kernel
@@ -238,8 +238,8 @@ mod hardware {
         };
     }
 
-    /// A dot-product instruction on `(C, A, B)` within the roles (C 0–3, A 4–5, B 6–7; or C
-    /// 0–1, A 4–5, B 2–3).
+    /// A dot-product instruction on `(C, A, B)` within the roles (C 0–3, A 4–5, B 6–7), or
+    /// with `B` in tmm2–tmm3 where a kernel keeps fewer accumulators.
     macro_rules! dot {
         ($insn:literal, $c:expr, $a:expr, $b:expr) => {
             match ($c, $a, $b) {
@@ -259,7 +259,7 @@ mod hardware {
                 (3, 4, 7) => asm!(concat!($insn, " tmm3, tmm4, tmm7"), options(nostack, nomem)),
                 (3, 5, 6) => asm!(concat!($insn, " tmm3, tmm5, tmm6"), options(nostack, nomem)),
                 (3, 5, 7) => asm!(concat!($insn, " tmm3, tmm5, tmm7"), options(nostack, nomem)),
-                // Kernels with two accumulators take tmm2–tmm3 as a second pair of B tiles.
+                // Kernels with fewer than four accumulators take tmm2–tmm3 as more B tiles.
                 (0, 4, 2) => asm!(concat!($insn, " tmm0, tmm4, tmm2"), options(nostack, nomem)),
                 (0, 4, 3) => asm!(concat!($insn, " tmm0, tmm4, tmm3"), options(nostack, nomem)),
                 (0, 5, 2) => asm!(concat!($insn, " tmm0, tmm5, tmm2"), options(nostack, nomem)),
@@ -268,6 +268,10 @@ mod hardware {
                 (1, 4, 3) => asm!(concat!($insn, " tmm1, tmm4, tmm3"), options(nostack, nomem)),
                 (1, 5, 2) => asm!(concat!($insn, " tmm1, tmm5, tmm2"), options(nostack, nomem)),
                 (1, 5, 3) => asm!(concat!($insn, " tmm1, tmm5, tmm3"), options(nostack, nomem)),
+                (2, 4, 3) => asm!(concat!($insn, " tmm2, tmm4, tmm3"), options(nostack, nomem)),
+                (2, 5, 3) => asm!(concat!($insn, " tmm2, tmm5, tmm3"), options(nostack, nomem)),
+                (3, 4, 2) => asm!(concat!($insn, " tmm3, tmm4, tmm2"), options(nostack, nomem)),
+                (3, 5, 2) => asm!(concat!($insn, " tmm3, tmm5, tmm2"), options(nostack, nomem)),
                 other => unreachable!("tiles {other:?} outside the kernels' roles"),
             }
         };
