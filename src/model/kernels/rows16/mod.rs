@@ -13,7 +13,14 @@
 //! and its micro-kernels per instruction-set level (portable, AVX2, AVX-512 VNNI, AMX tiles).
 //! What the driver does: the repacking of whole matrices (threaded), the activation
 //! quantization ([`Activations`]), the cache blocking and threading ([`panel::drive`]), the
-//! level dispatch with its length checks, and [`OwnMatrix`]. The shared tests
+//! level dispatch with its length checks, and [`OwnMatrix`].
+//!
+//! The K-quants' tile level is staged ([`Format::stage`], [`panel::drive_staged`]): their
+//! integer sub-block scales fold into the values as bytes (split into digits small enough),
+//! so a whole super-block's scaled sums form inside the tiles, 16 activation rows per product;
+//! the driver stages each group's values once per pass and every panel pair of the pass reads
+//! them from L1. Per-block float scales (Q8_0, Q4_0, Q4_1, Q5_0) cannot fold, so those
+//! formats multiply one job at a time ([`Format::amx`]). The shared tests
 //! (`tests.rs`) run every format on every level against an f64 reference.
 //!
 //! Exactness: the integer sums are exact whichever instructions form them, and every level
@@ -293,8 +300,9 @@ pub trait Format: Sized + Send + Sync + 'static {
     #[cfg(target_arch = "x86_64")]
     unsafe fn avx512(job: &Job<'_, PanelOf<'_, Self>>) -> GroupOut;
 
-    /// The AMX path, on `tiles` (the CPU's, or [`tiles::Emulated`] in tests); `None` where the
-    /// format has none (the AVX-512 path runs).
+    /// The AMX path one job at a time, on `tiles` (the CPU's, or [`tiles::Emulated`] in
+    /// tests); `None` where the format has none (the AVX-512 path runs) or has a staged one
+    /// instead ([`Format::stage`], which the tile level then uses).
     ///
     /// # Safety
     /// As [`Format::avx512`], and `tiles` must be usable: for [`tiles::Hardware`], AMX-TILE

@@ -23,8 +23,9 @@
 //! `mins = Σ_s min_s·(bsum_{2s} + bsum_{2s+1})` per super-block, then over the super-blocks in
 //! order, from zero, `acc = fma(d_w·d_a, sum as f32, acc)` and
 //! `acc_min = fma(dmin_w·d_a, mins as f32, acc_min)`; the output is `acc − acc_min`. The
-//! AVX-512 VNNI path (sixteen rows per register), the AVX2 path (eight), the AMX path (one
-//! `tdpbsud` per sub-block, its 8 × 16 sums scaled in AVX-512) and the portable one give the
+//! AVX-512 VNNI path (sixteen rows per register), the AVX2 path (eight), the AMX path (the
+//! scales' 3-bit halves folded into staged values, a super-block's scaled sums formed in the
+//! tiles: `x86::run_amx`) and the portable one give the
 //! same bits.
 
 use half::f16;
@@ -207,11 +208,6 @@ impl<const HIGH: bool> Format for NibblesK<HIGH> {
     #[cfg(target_arch = "x86_64")]
     unsafe fn avx512(job: &KJob<'_>) -> GroupOut {
         x86::group_avx512::<HIGH>(job)
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    unsafe fn amx<T: super::tiles::Tiles>(tiles: &mut T, job: &KJob<'_>) -> Option<GroupOut> {
-        Some(x86::group_amx::<T, HIGH>(tiles, job))
     }
 
     /// The 6-bit scales, split in two 3-bit halves, fold into the values as unsigned bytes,

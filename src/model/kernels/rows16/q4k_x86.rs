@@ -5,7 +5,7 @@
 
 use super::super::shared_x86::{self as shared, AVX2_ROWS as ROWS};
 use super::super::shared_x86::{PAIR_BLOCK_BYTES, STAGED_TILE};
-use super::super::tiles::{self, TileConfig, Tiles};
+use super::super::tiles::{TileConfig, Tiles};
 use super::super::{Format, StagedJob};
 use super::{
     GroupOut, KJob, NibblesK, DMIN, GROUP, HIGH_BITS, MINS, NIBBLES, SCALES, STAGED_BYTES,
@@ -240,68 +240,6 @@ pub(super) unsafe fn group_avx2<const HIGH: bool>(job: &KJob<'_>) -> GroupOut {
         let diff: [__m256; ROWS] = std::array::from_fn(|dr| _mm256_sub_ps(acc[dr], acc_min[dr]));
         diff
     })
-}
-
-/// Tiles: `C` (tmm0) one sub-block's integer sums, 8 panel rows × 16 weight rows (i32); `A`
-/// (tmm4) the panel's 32 activations of the sub-block (rows 256 bytes apart); `B` (tmm6) the
-/// sub-block's nibbles as bytes, 8 rows (four values each) × 16 weight rows.
-const TILES: TileConfig = tiles::pipelined_config(32);
-
-/// Per super-block, the values unpacked to bytes (sub-block `s` as eight 64-byte rows: row
-/// `t` holds values `32s + 4t..32s + 4t + 4` of each weight row, the tile's layout), then per
-/// sub-block one `tdpbsud` (signed activations × unsigned values) and, in AVX-512, the sums
-/// times the rows' scales; the mins and the float step are the AVX-512 path's.
-///
-/// # Safety
-/// As [`group_avx512`], and `tiles` must be usable (see [`Tiles`]).
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(super) unsafe fn group_amx<T: Tiles, const HIGH: bool>(
-    tiles: &mut T,
-    job: &KJob<'_>,
-) -> GroupOut {
-    let mut acc = ([_mm512_setzero_ps(); PANEL], [_mm512_setzero_ps(); PANEL]);
-    // A super-block's values per parity, so that unpacking the next one never overwrites
-    // bytes the tile unit may still be reading.
-    let mut weights = [[0u8; SUB_BLOCKS * 8 * 64]; 2];
-    let mut sums = [_mm512_setzero_si512(); PANEL];
-    let block = |b: usize| job.group.as_ptr().add(b * block_bytes::<HIGH>());
-    tiles.configure(&TILES);
-    tiles::pipelined(
-        tiles,
-        job.nb * SUB_BLOCKS,
-        |tiles, u, t| {
-            let (b, s) = (u / SUB_BLOCKS, u % SUB_BLOCKS);
-            let w = weights[b % 2].as_mut_ptr();
-            if s == 0 {
-                for s in 0..SUB_BLOCKS {
-                    for run in 0..8 {
-                        let values = values_avx512::<HIGH>(block(b), s, run);
-                        _mm512_storeu_si512(w.add(512 * s + 64 * run) as *mut _, values);
-                    }
-                }
-            }
-            let activations = job.a.qs.as_ptr().add(b * PANEL) as *const u8;
-            tiles.zero(t.c);
-            tiles.load(t.a, activations.add(32 * s), QK_K);
-            tiles.load(t.b, w.add(512 * s), 64);
-            tiles.dp_su(t.c, t.a, t.b);
-        },
-        |u, dots| {
-            let (b, s) = (u / SUB_BLOCKS, u % SUB_BLOCKS);
-            let src = block(b);
-            let scale =
-                _mm512_cvtepu8_epi32(_mm_loadu_si128(src.add(SCALES + GROUP * s) as *const _));
-            for (sum, dot) in sums.iter_mut().zip(dots) {
-                let dot = _mm512_loadu_si512(dot.as_ptr() as *const _);
-                *sum = _mm512_add_epi32(*sum, _mm512_mullo_epi32(dot, scale));
-            }
-            if s == SUB_BLOCKS - 1 {
-                accumulate_super_block(job, src, b, &sums, &mut acc);
-                sums = [_mm512_setzero_si512(); PANEL];
-            }
-        },
-    );
-    outputs(&acc)
 }
 
 /// Stages a Q4_K or Q5_K group for [`pair_amx`]: per super-block and 64-value chunk `c`

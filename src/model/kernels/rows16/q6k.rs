@@ -22,8 +22,9 @@
 //! as before the repacking): the super-block's sum `Σ_s scale_s·Σ_e (q_e − 32)·a_e` is exact in i32 (the
 //! SIMD paths start each sub-block's sum at `−32·bsum_s` and add the unsigned products), then
 //! `acc = fma(d_w·d_a, sum as f32, acc)` over the super-blocks in order, from zero. The
-//! AVX-512 VNNI path (sixteen rows per register), the AVX2 path (eight), the AMX path (one
-//! `tdpbsud` per 16-value sub-block, K = 16) and the portable one give the same bits.
+//! AVX-512 VNNI path (sixteen rows per register), the AVX2 path (eight), the AMX path (the
+//! scales' base-7 digits folded into staged values, a super-block's scaled sums formed in the
+//! tiles: `x86::run_amx`) and the portable one give the same bits.
 
 use half::f16;
 
@@ -176,11 +177,6 @@ impl Format for Q6K {
     #[cfg(target_arch = "x86_64")]
     unsafe fn avx512(job: &Q6KJob<'_>) -> GroupOut {
         x86::group_avx512(job)
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    unsafe fn amx<T: super::tiles::Tiles>(tiles: &mut T, job: &Q6KJob<'_>) -> Option<GroupOut> {
-        Some(x86::group_amx(tiles, job))
     }
 
     /// The i8 scales, as three balanced base-7 digits, fold into the values `q − 32` as

@@ -4,7 +4,7 @@
 
 use super::super::shared_x86::{self as shared, AVX2_ROWS as ROWS};
 use super::super::shared_x86::{PAIR_BLOCK_BYTES, STAGED_TILE};
-use super::super::tiles::{self, TileConfig, Tiles};
+use super::super::tiles::{TileConfig, Tiles};
 use super::super::StagedJob;
 use super::{
     GroupOut, Q6KJob, GROUP, GROUP_BLOCK_BYTES, HIGH, NIBBLES, SCALES, STAGED_BYTES, SUB_BLOCKS,
@@ -234,73 +234,6 @@ unsafe fn offsets_avx2(job: &Q6KJob<'_>, pairs: &[__m256i; SUB_BLOCKS / 2], i: u
         total = _mm256_add_epi32(total, _mm256_madd_epi16(*pair, a));
     }
     _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32::<5>(total))
-}
-
-/// Tiles: `C` (tmm0) one sub-block's integer sums, 8 panel rows × 16 weight rows (i32); `A`
-/// (tmm4) the panel's 16 activations of the sub-block (rows 256 bytes apart); `B` (tmm6) the
-/// sub-block's 6-bit values as bytes, 4 rows (four values each) × 16 weight rows.
-const TILES: TileConfig = tiles::pipelined_config(16);
-
-/// Per super-block, the values unpacked to bytes as [`group_avx512`] forms them (sub-block
-/// `s` as four 64-byte rows), then per sub-block one `tdpbsud` (signed activations × unsigned
-/// 6-bit values) and, in AVX-512, the −32 offset and the rows' scales; the float step is the
-/// AVX-512 path's.
-///
-/// # Safety
-/// As [`group_avx512`], and `tiles` must be usable (see [`Tiles`]).
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(super) unsafe fn group_amx<T: Tiles>(tiles: &mut T, job: &Q6KJob<'_>) -> GroupOut {
-    let mut acc = [_mm512_setzero_ps(); PANEL];
-    // A super-block's values per parity (see the Q4_K kernel).
-    let mut weights = [[0u8; SUB_BLOCKS * 4 * 64]; 2];
-    let mut sums = [_mm512_setzero_si512(); PANEL];
-    let mut offsets = [[0i32; SUB_BLOCKS]; PANEL];
-    let block = |b: usize| job.group.as_ptr().add(b * GROUP_BLOCK_BYTES);
-    tiles.configure(&TILES);
-    tiles::pipelined(
-        tiles,
-        job.nb * SUB_BLOCKS,
-        |tiles, u, t| {
-            let (b, s) = (u / SUB_BLOCKS, u % SUB_BLOCKS);
-            let w = weights[b % 2].as_mut_ptr();
-            if s == 0 {
-                for s in 0..SUB_BLOCKS {
-                    for (run, values) in sub_block_values(block(b), s).iter().enumerate() {
-                        _mm512_storeu_si512(w.add(256 * s + 64 * run) as *mut _, *values);
-                    }
-                }
-            }
-            let activations = job.a.qs.as_ptr().add(b * PANEL) as *const u8;
-            tiles.zero(t.c);
-            tiles.load(t.a, activations.add(16 * s), QK_K);
-            tiles.load(t.b, w.add(256 * s), 64);
-            tiles.dp_su(t.c, t.a, t.b);
-        },
-        |u, dots| {
-            let (b, s) = (u / SUB_BLOCKS, u % SUB_BLOCKS);
-            let src = block(b);
-            if s == 0 {
-                offsets = sub_block_offsets(job, b);
-            }
-            let scale = _mm512_cvtepi8_epi32(_mm_loadu_si128(src.add(SCALES + 16 * s) as *const _));
-            for (r, (sum, dot)) in sums.iter_mut().zip(dots).enumerate() {
-                let t = _mm512_add_epi32(
-                    _mm512_loadu_si512(dot.as_ptr() as *const _),
-                    _mm512_set1_epi32(*offsets.get_unchecked(r).get_unchecked(s)),
-                );
-                *sum = _mm512_add_epi32(*sum, _mm512_mullo_epi32(t, scale));
-            }
-            if s == SUB_BLOCKS - 1 {
-                let dw = _mm512_cvtph_ps(_mm256_loadu_si256(src as *const __m256i));
-                for (r, (acc, sum)) in acc.iter_mut().zip(&sums).enumerate() {
-                    let da = _mm512_set1_ps(*job.a.d.get_unchecked(b * PANEL + r));
-                    *acc = _mm512_fmadd_ps(_mm512_mul_ps(dw, da), _mm512_cvtepi32_ps(*sum), *acc);
-                }
-                sums = [_mm512_setzero_si512(); PANEL];
-            }
-        },
-    );
-    crate::model::kernels::avx512::lanes_to_outputs(&acc)
 }
 
 /// Base of the scales' digits in the staged layout: `scale = d₀ + 7·d₁ + 49·d₂` with each
