@@ -195,6 +195,12 @@ impl OutRows<'_> {
         }
         self.written |= 1 << r;
     }
+
+    /// The drivers' check after each job: every live row was written.
+    fn assert_all_written(&self) {
+        let all = (1u16 << self.live) - 1;
+        assert_eq!(self.written as u16, all, "a kernel left output rows out");
+    }
 }
 
 /// The `[m, n]` outputs of any panel format: `kernel(p, j, out)` writes, through
@@ -206,44 +212,55 @@ pub fn drive(
     group: usize,
     kernel: impl Fn(usize, usize, &mut OutRows<'_>) + Sync,
 ) -> Vec<f32> {
+    let group = group.max(1);
+    let panels = m.div_ceil(PANEL);
+    let per_task = panels.div_ceil(rayon::current_num_threads().max(1));
+    per_task_outputs(m, n, per_task, |t, out| {
+        let rows = out.len() / n;
+        for j0 in (0..n).step_by(ROWS_PER_CACHE_BLOCK) {
+            let js = j0..(j0 + ROWS_PER_CACHE_BLOCK).min(n);
+            for p in 0..rows.div_ceil(PANEL) {
+                for j in js.clone().step_by(group) {
+                    let mut rows = OutRows {
+                        at: p * PANEL * n + j,
+                        n,
+                        live: PANEL.min(rows - p * PANEL),
+                        width: group.min(js.end - j),
+                        out: &mut *out,
+                        written: 0,
+                    };
+                    kernel(t * per_task + p, j, &mut rows);
+                    rows.assert_all_written();
+                }
+            }
+        }
+    })
+}
+
+/// The `[m, n]` output buffer split into one task per run of `per_task` panels (one task per
+/// thread, each a contiguous run of panels, so that each task streams the weights through its
+/// cache once per cache block rather than once per panel); `task(t, rows)` must write every
+/// value of its rows (which the callers assert per job).
+fn per_task_outputs(
+    m: usize,
+    n: usize,
+    per_task: usize,
+    task: impl Fn(usize, &mut [MaybeUninit<f32>]) + Sync,
+) -> Vec<f32> {
     if m == 0 || n == 0 {
         return vec![0f32; m * n];
     }
-    let group = group.max(1);
-    // One task per thread, each a contiguous run of panels, so that each task streams the
-    // weights through its cache once per cache block rather than once per panel.
-    let panels = m.div_ceil(PANEL);
-    let per_task = panels.div_ceil(rayon::current_num_threads().max(1));
-    // Every output is written exactly once below (each live row of each panel, for every
-    // weight row), so the buffer starts uninitialised: zeroing it first was a pass over up to
+    // Every output is written exactly once (each live row of each panel, for every weight
+    // row), so the buffer starts uninitialised: zeroing it first was a pass over up to
     // 100 MB (the logits) per window.
     let mut out = Vec::with_capacity(m * n);
     out.spare_capacity_mut()[..m * n]
-        .par_chunks_mut(per_task * PANEL * n)
+        .par_chunks_mut(per_task.max(1) * PANEL * n)
         .enumerate()
-        .for_each(|(t, out)| {
-            let rows = out.len() / n;
-            for j0 in (0..n).step_by(ROWS_PER_CACHE_BLOCK) {
-                let js = j0..(j0 + ROWS_PER_CACHE_BLOCK).min(n);
-                for p in 0..rows.div_ceil(PANEL) {
-                    for j in js.clone().step_by(group) {
-                        let mut rows = OutRows {
-                            at: p * PANEL * n + j,
-                            n,
-                            live: PANEL.min(rows - p * PANEL),
-                            width: group.min(js.end - j),
-                            out: &mut *out,
-                            written: 0,
-                        };
-                        kernel(t * per_task + p, j, &mut rows);
-                        let all = (1u16 << rows.live) - 1;
-                        assert_eq!(rows.written as u16, all, "a kernel left output rows out");
-                    }
-                }
-            }
-        });
+        .for_each(|(t, out)| task(t, out));
     // SAFETY: all `m · n` values were written: every (panel, group) job's live rows, each
-    // `width` wide (asserted after each job), and the jobs tile the output.
+    // `width` wide (asserted after each job by `OutRows::assert_all_written`), and the jobs
+    // tile the output.
     unsafe { out.set_len(m * n) };
     out
 }
@@ -263,9 +280,6 @@ pub fn drive_staged<S: Default>(
     stage: impl Fn(usize, &mut S) + Sync,
     kernel: impl Fn(&S, usize, usize, &mut [OutRows<'_>]) + Sync,
 ) -> Vec<f32> {
-    if m == 0 || n == 0 {
-        return vec![0f32; m * n];
-    }
     let group = group.max(1);
     let chunk_panels = chunk_panels.max(2).next_multiple_of(2);
     let panels = m.div_ceil(PANEL);
@@ -273,41 +287,30 @@ pub fn drive_staged<S: Default>(
     let per_task = panels
         .div_ceil(rayon::current_num_threads().max(1))
         .next_multiple_of(2);
-    let mut out = Vec::with_capacity(m * n);
-    out.spare_capacity_mut()[..m * n]
-        .par_chunks_mut(per_task * PANEL * n)
-        .enumerate()
-        .for_each(|(t, out)| {
-            let rows = out.len() / n;
-            let mut staged = S::default();
-            for (c, chunk) in out.chunks_mut(chunk_panels * PANEL * n).enumerate() {
-                let p0 = c * chunk_panels;
-                for j in (0..n).step_by(group) {
-                    stage(j, &mut staged);
-                    let mut outs: Vec<OutRows<'_>> = chunk
-                        .chunks_mut(PANEL * n)
-                        .enumerate()
-                        .map(|(q, out)| OutRows {
-                            at: j,
-                            n,
-                            live: PANEL.min(rows - (p0 + q) * PANEL),
-                            width: group.min(n - j),
-                            out,
-                            written: 0,
-                        })
-                        .collect();
-                    kernel(&staged, t * per_task + p0, j, &mut outs);
-                    for rows in &outs {
-                        let all = (1u16 << rows.live) - 1;
-                        assert_eq!(rows.written as u16, all, "a kernel left output rows out");
-                    }
-                }
+    per_task_outputs(m, n, per_task, |t, out| {
+        let rows = out.len() / n;
+        let mut staged = S::default();
+        for (c, chunk) in out.chunks_mut(chunk_panels * PANEL * n).enumerate() {
+            let p0 = c * chunk_panels;
+            for j in (0..n).step_by(group) {
+                stage(j, &mut staged);
+                let mut outs: Vec<OutRows<'_>> = chunk
+                    .chunks_mut(PANEL * n)
+                    .enumerate()
+                    .map(|(q, out)| OutRows {
+                        at: j,
+                        n,
+                        live: PANEL.min(rows - (p0 + q) * PANEL),
+                        width: group.min(n - j),
+                        out,
+                        written: 0,
+                    })
+                    .collect();
+                kernel(&staged, t * per_task + p0, j, &mut outs);
+                outs.iter().for_each(OutRows::assert_all_written);
             }
-        });
-    // SAFETY: as in `drive`: every (panel, group) job's live rows were written, `width`
-    // wide (asserted after each call), and the jobs tile the output.
-    unsafe { out.set_len(m * n) };
-    out
+        }
+    })
 }
 
 /// ggml's `hsum_float_8` order for eight lane sums: `((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7))`.

@@ -4,8 +4,10 @@
 //! (a fifth bit per value) over Q4_K at compile time.
 
 use super::super::shared_x86::{self as shared, AVX2_ROWS as ROWS};
-use super::super::shared_x86::{PAIR_BLOCK_BYTES, STAGED_TILE};
-use super::super::tiles::{TileConfig, Tiles};
+use super::super::shared_x86::{
+    pipeline_units, PairSums, FULL_TILES, PAIR_BLOCK_BYTES, STAGED_TILE,
+};
+use super::super::tiles::Tiles;
 use super::super::{Format, StagedJob};
 use super::{
     GroupOut, KJob, NibblesK, DMIN, GROUP, HIGH_BITS, MINS, NIBBLES, SCALES, STAGED_BYTES,
@@ -280,13 +282,6 @@ pub(super) unsafe fn stage_split_scales<const HIGH: bool>(
     }
 }
 
-/// Tiles of [`run_amx`], all 16 rows of 64 bytes: `C` tmm0–tmm3, for each of two panel pairs
-/// the low- and high-scale sums, 16 activation rows × 16 weight rows (i32); `A` tmm4–tmm5, a
-/// chunk's 64 activations of each pair's 16 rows; `B` tmm6–tmm7, the chunk's staged low- and
-/// high-scale values. Each `A` and `B` meets two others, and the four accumulators are four
-/// independent chains (with two, a unit waited on the products' latency: 1.7× slower).
-const QUAD_TILES: TileConfig = TileConfig::new([(16, 64); 8]);
-
 /// A run of panels against a staged Q4_K or Q5_K group ([`stage_split_scales`]) and their
 /// staged activations ([`stage_pairs`](super::super::shared_x86::stage_pairs)): super-block by super-block (so its staged 8 KiB stay
 /// in L1 while every panel of the run passes), per two pairs of panels (32 rows), four chunks
@@ -314,14 +309,33 @@ pub(super) unsafe fn run_amx<T: Tiles, const HIGH: bool>(
     assert!(out.len() >= job.panels.len());
     let zero: Accumulators = ([_mm512_setzero_ps(); PANEL], [_mm512_setzero_ps(); PANEL]);
     let mut acc = vec![zero; job.panels.len()];
-    // Per unit parity, per pair of the unit, the low and the high sums of its 16 rows.
-    type Sums = [[[i32; GROUP]; 2 * PANEL]; 2];
-    let mut dots = [[[[[0i32; GROUP]; 2 * PANEL]; 2]; 2]; 2];
     // The unit's two pairs (a lone last pair twice: its second copy is not used).
     let pairs_of = |u: usize| [2 * u, (2 * u + 1).min(pairs - 1)];
     let activations_of =
         |b: usize, q: usize| job.pairs.as_ptr().add((q * job.nb + b) * PAIR_BLOCK_BYTES);
-    let mut consume = |b: usize, u: usize, sums: &[Sums; 2]| {
+    // The tiles (all 16 rows of 64 bytes): `C` tmm0–tmm3, for each of two panel pairs
+    // the low- and high-scale sums, 16 activation rows × 16 weight rows (i32); `A` tmm4–tmm5, a
+    // chunk's 64 activations of each pair's 16 rows; `B` tmm6–tmm7, the chunk's staged low- and
+    // high-scale values. Each `A` and `B` meets two others, and the four accumulators are four
+    // independent chains (with two, a unit waited on the products' latency: 1.7× slower).
+    let multiply = |tiles: &mut T, b: usize, u: usize| {
+        let staged = job.staged.as_ptr().add(b * STAGED_BYTES);
+        let [a0, a1] = pairs_of(u).map(|q| activations_of(b, q));
+        for c in 0..4 {
+            tiles.zero(c);
+        }
+        for c in 0..QK_K / 64 {
+            tiles.load(4, a0.add(64 * c), QK_K);
+            tiles.load(5, a1.add(64 * c), QK_K);
+            tiles.load(6, staged.add(2 * c * STAGED_TILE), 64);
+            tiles.load(7, staged.add((2 * c + 1) * STAGED_TILE), 64);
+            tiles.dp_su(0, 4, 6);
+            tiles.dp_su(1, 4, 7);
+            tiles.dp_su(2, 5, 6);
+            tiles.dp_su(3, 5, 7);
+        }
+    };
+    let consume = |b: usize, u: usize, sums: &[PairSums; 4]| {
         let src = job.group.as_ptr().add(b * block_bytes::<HIGH>());
         let first = 4 * u;
         let panels = first..(first + 4).min(job.panels.len());
@@ -330,7 +344,7 @@ pub(super) unsafe fn run_amx<T: Tiles, const HIGH: bool>(
             .zip(&mut acc[panels])
             .enumerate()
         {
-            let [lo, hi] = &sums[i / 2];
+            let (lo, hi) = (&sums[2 * (i / 2)], &sums[2 * (i / 2) + 1]);
             let half = i % 2;
             let sums: [__m512i; PANEL] = std::array::from_fn(|r| {
                 let lo = _mm512_loadu_si512(lo[PANEL * half + r].as_ptr() as *const _);
@@ -345,55 +359,14 @@ pub(super) unsafe fn run_amx<T: Tiles, const HIGH: bool>(
             accumulate_super_block(&job, src, b, &sums, acc);
         }
     };
-    tiles.configure(&QUAD_TILES);
-    let mut unit = 0;
-    for b in 0..job.nb {
-        let staged = job.staged.as_ptr().add(b * STAGED_BYTES);
-        for u in 0..quads {
-            let [q0, q1] = pairs_of(u);
-            let (a0, a1) = (activations_of(b, q0), activations_of(b, q1));
-            for c in 0..4 {
-                tiles.zero(c);
-            }
-            for c in 0..QK_K / 64 {
-                tiles.load(4, a0.add(64 * c), QK_K);
-                tiles.load(5, a1.add(64 * c), QK_K);
-                tiles.load(6, staged.add(2 * c * STAGED_TILE), 64);
-                tiles.load(7, staged.add((2 * c + 1) * STAGED_TILE), 64);
-                tiles.dp_su(0, 4, 6);
-                tiles.dp_su(1, 4, 7);
-                tiles.dp_su(2, 5, 6);
-                tiles.dp_su(3, 5, 7);
-            }
-            // The next unit's activations into L1 while this one multiplies: a tile load
-            // from L2 waited for its rows one after another.
-            let next = if u + 1 < quads {
-                Some((b, u + 1))
-            } else {
-                (b + 1 < job.nb).then_some((b + 1, 0))
-            };
-            if let Some((nb, nu)) = next {
-                for q in pairs_of(nu) {
-                    let at = activations_of(nb, q);
-                    for line in 0..PAIR_BLOCK_BYTES / 64 {
-                        _mm_prefetch::<_MM_HINT_T0>(at.add(64 * line) as *const i8);
-                    }
-                }
-            }
-            if unit > 0 {
-                let (b, u) = ((unit - 1) / quads, (unit - 1) % quads);
-                consume(b, u, &dots[(unit - 1) % 2]);
-            }
-            for (t, sums) in dots[unit % 2].iter_mut().flatten().enumerate() {
-                tiles.store(t as u8, sums.as_mut_ptr() as *mut u8, 64);
-            }
-            unit += 1;
-        }
-    }
-    if unit > 0 {
-        let (b, u) = ((unit - 1) / quads, (unit - 1) % quads);
-        consume(b, u, &dots[(unit - 1) % 2]);
-    }
+    tiles.configure(&FULL_TILES);
+    pipeline_units(
+        tiles,
+        (job.nb, quads),
+        multiply,
+        |b, u| pairs_of(u).map(|q| activations_of(b, q)),
+        consume,
+    );
     for (out, acc) in out.iter_mut().zip(&acc) {
         *out = outputs(acc);
     }

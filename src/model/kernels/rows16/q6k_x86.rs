@@ -3,8 +3,10 @@
 //! operations per output as [`super::group_portable`].
 
 use super::super::shared_x86::{self as shared, AVX2_ROWS as ROWS};
-use super::super::shared_x86::{PAIR_BLOCK_BYTES, STAGED_TILE};
-use super::super::tiles::{TileConfig, Tiles};
+use super::super::shared_x86::{
+    pipeline_units, PairSums, FULL_TILES, PAIR_BLOCK_BYTES, STAGED_TILE,
+};
+use super::super::tiles::Tiles;
 use super::super::StagedJob;
 use super::{
     GroupOut, Q6KJob, GROUP, GROUP_BLOCK_BYTES, HIGH, NIBBLES, SCALES, STAGED_BYTES, SUB_BLOCKS,
@@ -302,12 +304,6 @@ pub(super) unsafe fn stage_scale_digits(group: &[u8], nb: usize, staged: &mut [u
     }
 }
 
-/// Tiles of [`run_amx`], all 16 rows of 64 bytes: `C` tmm0–tmm2, the sums of the three scale
-/// digits, 16 activation rows (a panel pair) × 16 weight rows (i32); `A` tmm4–tmm5 by chunk
-/// parity, a chunk's 64 activations of the 16 rows; `B` tmm6, tmm7, tmm3, the chunk's staged
-/// values times each digit.
-const DIGIT_TILES: TileConfig = TileConfig::new([(16, 64); 8]);
-
 /// A run of panels against a staged Q6_K group ([`stage_scale_digits`]) and their staged
 /// activations ([`stage_pairs`](super::super::shared_x86::stage_pairs)): super-block by
 /// super-block (its staged 12 KiB stay in L1 while every pair of the run passes), per pair of
@@ -331,11 +327,31 @@ pub(super) unsafe fn run_amx<T: Tiles>(
     assert!(job.pairs.len() >= pairs * job.nb * PAIR_BLOCK_BYTES);
     assert!(out.len() >= job.panels.len());
     let mut acc = vec![[_mm512_setzero_ps(); PANEL]; job.panels.len()];
-    type Sums = [[[i32; GROUP]; 2 * PANEL]; 3];
-    let mut dots: [Sums; 2] = [[[[0; GROUP]; 2 * PANEL]; 3]; 2];
     let activations_of =
         |b: usize, q: usize| job.pairs.as_ptr().add((q * job.nb + b) * PAIR_BLOCK_BYTES);
-    let mut consume = |b: usize, q: usize, [d0, d1, d2]: &Sums| {
+    // The tiles (all 16 rows of 64 bytes): `C` tmm0–tmm2, the sums of the three scale
+    // digits, 16 activation rows (a panel pair) × 16 weight rows (i32); `A` tmm4–tmm5 by chunk
+    // parity, a chunk's 64 activations of the 16 rows; `B` tmm6, tmm7, tmm3, the chunk's staged
+    // values times each digit.
+    let multiply = |tiles: &mut T, b: usize, q: usize| {
+        let staged = job.staged.as_ptr().add(b * STAGED_BYTES);
+        let activations = activations_of(b, q);
+        for c in 0..3 {
+            tiles.zero(c);
+        }
+        for c in 0..QK_K / 64 {
+            let a = if c % 2 == 0 { 4 } else { 5 };
+            let chunk = staged.add(3 * c * STAGED_TILE);
+            tiles.load(a, activations.add(64 * c), QK_K);
+            tiles.load(6, chunk, 64);
+            tiles.load(7, chunk.add(STAGED_TILE), 64);
+            tiles.load(3, chunk.add(2 * STAGED_TILE), 64);
+            tiles.dp_ss(0, a, 6);
+            tiles.dp_ss(1, a, 7);
+            tiles.dp_ss(2, a, 3);
+        }
+    };
+    let consume = |b: usize, q: usize, [d0, d1, d2]: &[PairSums; 3]| {
         let src = job.group.as_ptr().add(b * GROUP_BLOCK_BYTES);
         let pair = 2 * q..(2 * q + 2).min(job.panels.len());
         let (seven, forty_nine) = (_mm512_set1_epi32(DIGIT_BASE), _mm512_set1_epi32(49));
@@ -345,9 +361,8 @@ pub(super) unsafe fn run_amx<T: Tiles>(
             .enumerate()
         {
             let sums: [__m512i; PANEL] = std::array::from_fn(|r| {
-                let at = |d: &[[i32; GROUP]; 2 * PANEL]| {
-                    _mm512_loadu_si512(d[PANEL * half + r].as_ptr() as *const _)
-                };
+                let at =
+                    |d: &PairSums| _mm512_loadu_si512(d[PANEL * half + r].as_ptr() as *const _);
                 let upper = _mm512_add_epi32(
                     _mm512_mullo_epi32(at(d1), seven),
                     _mm512_mullo_epi32(at(d2), forty_nine),
@@ -362,57 +377,14 @@ pub(super) unsafe fn run_amx<T: Tiles>(
             accumulate_super_block(&job, src, b, &sums, acc);
         }
     };
-    tiles.configure(&DIGIT_TILES);
-    let mut unit = 0;
-    for b in 0..job.nb {
-        let staged = job.staged.as_ptr().add(b * STAGED_BYTES);
-        for q in 0..pairs {
-            let activations = activations_of(b, q);
-            for c in 0..3 {
-                tiles.zero(c);
-            }
-            for c in 0..QK_K / 64 {
-                let a = if c % 2 == 0 { 4 } else { 5 };
-                let chunk = staged.add(3 * c * STAGED_TILE);
-                tiles.load(a, activations.add(64 * c), QK_K);
-                tiles.load(6, chunk, 64);
-                tiles.load(7, chunk.add(STAGED_TILE), 64);
-                tiles.load(3, chunk.add(2 * STAGED_TILE), 64);
-                tiles.dp_ss(0, a, 6);
-                tiles.dp_ss(1, a, 7);
-                tiles.dp_ss(2, a, 3);
-            }
-            // The next unit's activations into L1 while this one multiplies.
-            let next = if q + 1 < pairs {
-                Some(activations_of(b, q + 1))
-            } else {
-                (b + 1 < job.nb).then(|| activations_of(b + 1, 0))
-            };
-            if let Some(next) = next {
-                for line in 0..PAIR_BLOCK_BYTES / 64 {
-                    _mm_prefetch::<_MM_HINT_T0>(next.add(64 * line) as *const i8);
-                }
-            }
-            if unit > 0 {
-                consume(
-                    (unit - 1) / pairs,
-                    (unit - 1) % pairs,
-                    &dots[(unit - 1) % 2],
-                );
-            }
-            for (t, sums) in dots[unit % 2].iter_mut().enumerate() {
-                tiles.store(t as u8, sums.as_mut_ptr() as *mut u8, 64);
-            }
-            unit += 1;
-        }
-    }
-    if unit > 0 {
-        consume(
-            (unit - 1) / pairs,
-            (unit - 1) % pairs,
-            &dots[(unit - 1) % 2],
-        );
-    }
+    tiles.configure(&FULL_TILES);
+    pipeline_units(
+        tiles,
+        (job.nb, pairs),
+        multiply,
+        |b, q| [activations_of(b, q)],
+        consume,
+    );
     for (out, acc) in out.iter_mut().zip(&acc) {
         *out = crate::model::kernels::avx512::lanes_to_outputs(acc);
     }

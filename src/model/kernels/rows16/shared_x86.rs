@@ -3,6 +3,7 @@
 //! block's float step per panel row, in AVX-512 and AVX2, so every format with minima (Q4_1,
 //! Q5_1) adds them in the same place; and the AVX2 kernels' write-out of their lanes.
 
+use super::tiles::{TileConfig, Tiles};
 use super::{GroupOut, Job, Q8Panel, GROUP, MINIMA};
 use crate::model::kernels::kquant::q8k::Q8KPanel;
 use crate::model::kernels::kquant::QK_K;
@@ -131,6 +132,61 @@ pub(crate) const STAGED_TILE: usize = 1024;
 /// Bytes of one pair's super-block of Q8_K activations staged by [`stage_pairs`]: 16 rows of
 /// 256.
 pub(crate) const PAIR_BLOCK_BYTES: usize = 2 * PANEL * QK_K;
+
+/// The staged AMX kernels' tiles: all eight 16 rows of 64 bytes (every product a full
+/// 16 × 64 × 16).
+pub(crate) const FULL_TILES: TileConfig = TileConfig::new([(16, 64); 8]);
+
+/// One accumulator tile's sums as a staged kernel stores them: per row of a panel pair, the
+/// [`GROUP`] weight rows' i32.
+pub(crate) type PairSums = [[i32; GROUP]; 2 * PANEL];
+
+/// The staged AMX kernels' software pipeline over `blocks` super-blocks of `units` units each
+/// (block-major): `multiply(tiles, b, u)` issues a unit's tile products into accumulators
+/// `0..N`; then the next unit's staged activations (the `P` pair blocks `activations` names)
+/// are prefetched into L1 (a tile load from L2 waited for its rows one after another), the
+/// previous unit's sums are consumed (`consume(b, u, sums)`, vector work that overlaps the
+/// products still in flight), and only then this unit's accumulators are stored.
+///
+/// # Safety
+/// `tiles` must be usable and configured for `multiply`'s products (see [`Tiles`]), and
+/// `activations` must name pair blocks inside the staged activations.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(crate) unsafe fn pipeline_units<T: Tiles, const N: usize, const P: usize>(
+    tiles: &mut T,
+    (blocks, units): (usize, usize),
+    mut multiply: impl FnMut(&mut T, usize, usize),
+    activations: impl Fn(usize, usize) -> [*const u8; P],
+    mut consume: impl FnMut(usize, usize, &[PairSums; N]),
+) {
+    let mut sums = [[[[0i32; GROUP]; 2 * PANEL]; N]; 2];
+    let total = blocks * units;
+    let at = |unit: usize| (unit / units, unit % units);
+    for unit in 0..total {
+        let (b, u) = at(unit);
+        multiply(tiles, b, u);
+        if unit + 1 < total {
+            let (b, u) = at(unit + 1);
+            for pair in activations(b, u) {
+                for line in 0..PAIR_BLOCK_BYTES / 64 {
+                    _mm_prefetch::<_MM_HINT_T0>(pair.add(64 * line) as *const i8);
+                }
+            }
+        }
+        if unit > 0 {
+            let (b, u) = at(unit - 1);
+            consume(b, u, &sums[(unit - 1) % 2]);
+        }
+        for (t, sums) in sums[unit % 2].iter_mut().enumerate() {
+            tiles.store(t as u8, sums.as_mut_ptr() as *mut u8, 4 * GROUP);
+        }
+    }
+    if total > 0 {
+        let (b, u) = at(total - 1);
+        consume(b, u, &sums[(total - 1) % 2]);
+    }
+}
 
 /// The Q8_K activations of panel pairs as the staged AMX kernels (Q4_K, Q5_K, Q6_K) load them:
 /// per pair and super-block, the first panel's 8 rows of 256 values, then the second's (zeros
