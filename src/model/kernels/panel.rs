@@ -13,6 +13,7 @@
 //! panel, the cache blocking and the split across threads never change a value.
 
 use std::mem::MaybeUninit;
+use std::ops::Range;
 
 use half::f16;
 use rayon::prelude::*;
@@ -265,49 +266,118 @@ fn per_task_outputs(
     out
 }
 
+/// The walk [`drive_staged`] takes through a product: its shape and how much activation data
+/// it keeps in the cache at once.
+#[derive(Clone, Copy, Debug)]
+pub struct StagedWalk {
+    /// Activation rows.
+    pub m: usize,
+    /// Weight rows (outputs per activation row).
+    pub n: usize,
+    /// Weight rows per group.
+    pub group: usize,
+    /// Blocks per row (`k` over the block length).
+    pub blocks: usize,
+    /// Activation bytes per row of one block.
+    pub block_bytes: usize,
+    /// Activation bytes of one pass and slice: the panels of a pass and the blocks of a slice
+    /// are chosen so that their activations (about this many bytes) stay in the cache while
+    /// every group passes.
+    pub pass_bytes: usize,
+}
+
+/// Which blocks of which panels one call of [`drive_staged`]'s kernel takes.
+#[derive(Clone, Debug)]
+pub struct StagedRun {
+    /// The first panel of the run (the run's panels are consecutive, an even number but
+    /// perhaps the last run's last).
+    pub first_panel: usize,
+    /// Panels of the run.
+    pub panels: usize,
+    /// The group's first weight row.
+    pub row: usize,
+    /// The slice of blocks.
+    pub blocks: Range<usize>,
+}
+
 /// [`drive`] for kernels that meet weights staged per group (decoded once into the layout
-/// their instructions read) and take a run of panels per call: within each task, for each run
-/// of up to `chunk_panels` panels (an even number: the kernels take them in pairs; their
-/// activations stay in the cache), for each group `j`, `stage(j, &mut staged)` then
-/// `kernel(&staged, p, j, rows)` with the output rows of panels `p, p + 1, …` (so a staged
-/// group is read from the cache by every panel of the run). The outputs are [`drive`]'s: each
-/// is still computed on its own activation row, in the same order.
-pub fn drive_staged<S: Default>(
-    m: usize,
-    n: usize,
-    group: usize,
-    chunk_panels: usize,
-    stage: impl Fn(usize, &mut S) + Sync,
-    kernel: impl Fn(&S, usize, usize, &mut [OutRows<'_>]) + Sync,
+/// their instructions read) and take a run of panels per call. Within each task (a run of
+/// panel pairs per thread), for each pass of panels, for each slice of blocks, for each group
+/// `j`: `stage(j, blocks, &mut staged)`, then `kernel(&staged, run, accumulators)` carries the
+/// run's accumulators (one per panel) over the slice; after a group's last slice,
+/// `finish(accumulator, rows)` writes each panel's outputs. A pass holds all of a task's
+/// panels unless their rows of one block exceed `pass_bytes`, and a slice as many blocks as
+/// keep the pass's activations within `pass_bytes`: so each group is staged once per pass
+/// (not once per small run of panels, which was a fifth of an 8B model's time), while the
+/// activations every group meets stay in the cache. With several slices every group's
+/// accumulators are held between them. Each output is still computed on its own activation
+/// row, block after block in order, so the values are [`drive`]'s whatever the walk.
+pub fn drive_staged<S: Default, A: Default + Clone + Send>(
+    walk: StagedWalk,
+    stage: impl Fn(usize, Range<usize>, &mut S) + Sync,
+    kernel: impl Fn(&S, &StagedRun, &mut [A]) + Sync,
+    finish: impl Fn(&A, &mut OutRows<'_>) + Sync,
 ) -> Vec<f32> {
-    let group = group.max(1);
-    let chunk_panels = chunk_panels.max(2).next_multiple_of(2);
+    let StagedWalk { m, n, blocks, .. } = walk;
+    let group = walk.group.max(1);
     let panels = m.div_ceil(PANEL);
     // Whole pairs per task, so that only the last task may hold an unpaired panel.
     let per_task = panels
         .div_ceil(rayon::current_num_threads().max(1))
         .next_multiple_of(2);
+    let row_block_bytes = PANEL * walk.block_bytes.max(1);
+    let pass_panels = (walk.pass_bytes / row_block_bytes)
+        .max(2)
+        .next_multiple_of(2);
+    let groups = n.div_ceil(group);
     per_task_outputs(m, n, per_task, |t, out| {
         let rows = out.len() / n;
         let mut staged = S::default();
-        for (c, chunk) in out.chunks_mut(chunk_panels * PANEL * n).enumerate() {
-            let p0 = c * chunk_panels;
-            for j in (0..n).step_by(group) {
-                stage(j, &mut staged);
-                let mut outs: Vec<OutRows<'_>> = chunk
-                    .chunks_mut(PANEL * n)
-                    .enumerate()
-                    .map(|(q, out)| OutRows {
-                        at: j,
-                        n,
-                        live: PANEL.min(rows - (p0 + q) * PANEL),
-                        width: group.min(n - j),
-                        out,
-                        written: 0,
-                    })
-                    .collect();
-                kernel(&staged, t * per_task + p0, j, &mut outs);
-                outs.iter().for_each(OutRows::assert_all_written);
+        let mut accumulators = Vec::new();
+        for (c, pass) in out.chunks_mut(pass_panels * PANEL * n).enumerate() {
+            let first = c * pass_panels;
+            let pass_rows = pass.len() / n;
+            let run_panels = pass_rows.div_ceil(PANEL);
+            let slice = (walk.pass_bytes / (run_panels * row_block_bytes)).clamp(1, blocks.max(1));
+            let slices = blocks.div_ceil(slice).max(1);
+            // One slice: a group's accumulators are done before the next group's begin.
+            let held = if slices > 1 { groups } else { 1 };
+            accumulators.resize(held * run_panels, A::default());
+            for s in 0..slices {
+                let slice = s * slice..((s + 1) * slice).min(blocks);
+                for (g, j) in (0..n).step_by(group).enumerate() {
+                    stage(j, slice.clone(), &mut staged);
+                    let accumulators = &mut accumulators[(g % held) * run_panels..][..run_panels];
+                    if s == 0 {
+                        accumulators.fill(A::default());
+                    }
+                    let run = StagedRun {
+                        first_panel: t * per_task + first,
+                        panels: run_panels,
+                        row: j,
+                        blocks: slice.clone(),
+                    };
+                    kernel(&staged, &run, accumulators);
+                    if s + 1 < slices {
+                        continue;
+                    }
+                    for (q, (accumulator, out)) in accumulators
+                        .iter()
+                        .zip(pass.chunks_mut(PANEL * n))
+                        .enumerate()
+                    {
+                        let mut out = OutRows {
+                            at: j,
+                            n,
+                            live: PANEL.min(rows - (first + q) * PANEL),
+                            width: group.min(n - j),
+                            out,
+                            written: 0,
+                        };
+                        finish(accumulator, &mut out);
+                        out.assert_all_written();
+                    }
+                }
             }
         }
     })

@@ -39,6 +39,7 @@ pub mod tiles;
 pub mod tiles_pay;
 
 use std::marker::PhantomData;
+use std::ops::Range;
 
 use rayon::prelude::*;
 
@@ -178,20 +179,29 @@ pub struct Job<'a, P> {
 }
 
 /// A run of panels against one group whose weights were staged for the tile unit
-/// ([`Format::stage`]): the AMX kernels that take 16 activation rows (two panels) per product
-/// and read each staged block once per run from the cache.
+/// ([`Format::stage`]), over a slice of its blocks: the AMX kernels that take 16 activation
+/// rows (two panels) per product and read each staged block once per run from the cache.
 pub struct StagedJob<'a, P> {
-    /// The group's interleaved blocks (scales, mins).
+    /// The group's interleaved blocks (scales, mins), all of them.
     pub group: &'a [u8],
-    /// The group's values as [`Format::stage`] wrote them.
+    /// The slice's blocks as [`Format::stage`] wrote them (its first block first).
     pub staged: &'a [u8],
     /// Blocks per row.
     pub nb: usize,
+    /// The slice of blocks this job adds to the accumulators.
+    pub blocks: Range<usize>,
     /// The run's panels (an even number but perhaps the last run's last).
     pub panels: &'a [P],
     /// Their activation values as [`Format::stage_pairs`] wrote them, pair after pair.
     pub pairs: &'a [u8],
 }
+
+/// A staged kernel's float accumulators of one panel against one group, carried from one
+/// slice of blocks to the next: per panel row, [`GROUP`] lanes (rows `0..PANEL`), and for the
+/// formats with minima the minima's (rows `PANEL..`). Kept in memory between slices, so the
+/// order of the float steps is the unsliced one.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StagedAcc(pub [[f32; GROUP]; 2 * PANEL]);
 
 /// The portable kernels' loop over a group's blocks: each lane's `N` values decoded once per
 /// block (`decode(src, lane, values)`, as signed bytes), then `block(b, src, values)` runs the
@@ -320,15 +330,15 @@ pub trait Format: Sized + Send + Sync + 'static {
     /// staged tile kernel (its tile level is [`Format::amx`], one job at a time).
     const STAGED_BLOCK_BYTES: usize = 0;
 
-    /// Writes `group`'s `nb` blocks into `staged` (`nb ·` [`Format::STAGED_BLOCK_BYTES`]
-    /// bytes) in the layout [`Format::amx_staged`] loads into tiles: done once per group and
-    /// pass, and read by every panel pair of the pass.
+    /// Writes the blocks `blocks` of `group` (`nb` per row) into `staged` (`blocks.len() ·`
+    /// [`Format::STAGED_BLOCK_BYTES`] bytes) in the layout [`Format::amx_staged`] loads into
+    /// tiles: done once per group, pass and slice, and read by every panel pair of the pass.
     ///
     /// # Safety
     /// As [`Format::avx512`].
     #[cfg(target_arch = "x86_64")]
-    unsafe fn stage(group: &[u8], nb: usize, staged: &mut [u8]) {
-        let _ = (group, nb, staged);
+    unsafe fn stage(group: &[u8], nb: usize, blocks: Range<usize>, staged: &mut [u8]) {
+        let _ = (group, nb, blocks, staged);
         unreachable!("{} has no staged tile kernel", Self::NAME)
     }
 
@@ -341,25 +351,35 @@ pub trait Format: Sized + Send + Sync + 'static {
         unreachable!("{} has no staged tile kernel", Self::NAME)
     }
 
-    /// The AMX path on staged weights, for a run of panels: `out[q]` the outputs of panel
-    /// `q` of the run.
+    /// The AMX path on staged weights, for a run of panels and a slice of blocks: adds the
+    /// slice's terms to `acc[q]`, panel `q`'s accumulators.
     ///
     /// # Safety
     /// As [`Format::amx`]; `job.staged` and `job.pairs` were written by [`Format::stage`]
-    /// and [`Format::stage_pairs`] for this job; `out` has a place per panel.
+    /// and [`Format::stage_pairs`] for this job; `acc` has a place per panel.
     #[cfg(target_arch = "x86_64")]
     unsafe fn amx_staged<T: tiles::Tiles>(
         tiles: &mut T,
         job: &StagedJob<'_, PanelOf<'_, Self>>,
-        out: &mut [GroupOut],
+        acc: &mut [StagedAcc],
     ) {
-        let _ = (tiles, job, out);
+        let _ = (tiles, job, acc);
+        unreachable!("{} has no staged tile kernel", Self::NAME)
+    }
+
+    /// A panel's outputs from its accumulators after the last slice.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn staged_outputs(acc: &StagedAcc) -> GroupOut {
+        let _ = acc;
         unreachable!("{} has no staged tile kernel", Self::NAME)
     }
 }
 
-/// Activation bytes a pass of [`Rows16Matrix::matmul_staged`] keeps in the cache beside one
-/// staged group (a 2 MiB L2 holds both for the 8B shape's widest rows, 14336 values).
+/// Activation bytes a pass and slice of [`Rows16Matrix::matmul_staged`] keep in the cache
+/// beside one staged slice of a group (a 2 MiB L2 holds both).
 const STAGED_PASS_BYTES: usize = 1 << 20;
 
 /// A weight matrix `[n, k]` (n outputs, k inputs) of format `F`, repacked in interleaved
@@ -455,31 +475,41 @@ impl<F: Format> Rows16Matrix<F> {
         let panels = self.panel_views(a, m);
         let pairs = F::stage_pairs(&panels, nb);
         let pair_len = pairs.len() / panels.len().div_ceil(2);
-        let chunk_panels = pass_bytes / (PANEL * k);
-        let stage = |j: usize, staged: &mut Vec<u8>| {
-            staged.resize(nb * F::STAGED_BLOCK_BYTES, 0);
-            // SAFETY: the caller vouches for the CPU; `staged` has the size `stage` writes.
-            unsafe { F::stage(self.group(j / GROUP), nb, staged) };
+        let walk = panel::StagedWalk {
+            m,
+            n,
+            group: GROUP,
+            blocks: nb,
+            block_bytes: F::Act::BLOCK,
+            pass_bytes,
         };
-        panel::drive_staged(m, n, GROUP, chunk_panels, stage, |staged, p0, j, outs| {
-            let run = p0..p0 + outs.len();
+        let stage = |j: usize, blocks: Range<usize>, staged: &mut Vec<u8>| {
+            staged.resize(blocks.len() * F::STAGED_BLOCK_BYTES, 0);
+            // SAFETY: the caller vouches for the CPU; `staged` has the size `stage` writes.
+            unsafe { F::stage(self.group(j / GROUP), nb, blocks, staged) };
+        };
+        let kernel = |staged: &Vec<u8>, run: &panel::StagedRun, acc: &mut [StagedAcc]| {
+            let p0 = run.first_panel;
             let job = StagedJob {
-                group: self.group(j / GROUP),
+                group: self.group(run.row / GROUP),
                 staged,
                 nb,
-                panels: &panels[run.clone()],
-                pairs: &pairs[p0 / 2 * pair_len..][..run.len().div_ceil(2) * pair_len],
+                blocks: run.blocks.clone(),
+                panels: &panels[p0..p0 + run.panels],
+                pairs: &pairs[p0 / 2 * pair_len..][..run.panels.div_ceil(2) * pair_len],
             };
-            let mut values = vec![[[0f32; GROUP]; PANEL]; run.len()];
             // SAFETY: as `stage`; the panels' lengths were checked (`panel_views`), the group
             // is whole, `staged` and `pairs` were written for it and them.
-            unsafe { F::amx_staged(&mut tiles(), &job, &mut values) };
-            for (out, values) in outs.iter_mut().zip(&values) {
-                for (r, row) in values.iter().enumerate().take(out.live()) {
-                    out.set_row(r, row);
-                }
+            unsafe { F::amx_staged(&mut tiles(), &job, acc) };
+        };
+        let finish = |acc: &StagedAcc, out: &mut panel::OutRows<'_>| {
+            // SAFETY: as `stage`.
+            let values = unsafe { F::staged_outputs(acc) };
+            for (r, row) in values.iter().enumerate().take(out.live()) {
+                out.set_row(r, row);
             }
-        })
+        };
+        panel::drive_staged(walk, stage, kernel, finish)
     }
 
     /// Each panel's view once (with its length check), not once per job.

@@ -4,11 +4,12 @@
 //! (a fifth bit per value) over Q4_K at compile time.
 
 use super::super::shared_x86::{self as shared, AVX2_ROWS as ROWS};
+use super::super::shared_x86::{load_acc, store_acc};
 use super::super::shared_x86::{
     pipeline_units, PairSums, FULL_TILES, PAIR_BLOCK_BYTES, STAGED_TILE,
 };
 use super::super::tiles::Tiles;
-use super::super::{Format, StagedJob};
+use super::super::{Format, StagedAcc, StagedJob};
 use super::{
     GroupOut, KJob, NibblesK, DMIN, GROUP, HIGH_BITS, MINS, NIBBLES, SCALES, STAGED_BYTES,
     SUB_BLOCKS,
@@ -18,6 +19,7 @@ use crate::model::kernels::kquant::q8k::SUB_BLOCK_PAIRS;
 use crate::model::kernels::kquant::QK_K;
 use crate::model::kernels::panel::PANEL;
 use std::arch::x86_64::*;
+use std::ops::Range;
 
 /// Four activation bytes of panel entry `i` (super-block and row), from byte `at`.
 #[inline]
@@ -257,12 +259,14 @@ pub(super) unsafe fn group_avx2<const HIGH: bool>(job: &KJob<'_>) -> GroupOut {
 pub(super) unsafe fn stage_split_scales<const HIGH: bool>(
     group: &[u8],
     nb: usize,
+    blocks: Range<usize>,
     staged: &mut [u8],
 ) {
-    assert!(group.len() >= nb * block_bytes::<HIGH>() && staged.len() >= nb * STAGED_BYTES);
+    assert!(group.len() >= nb * block_bytes::<HIGH>() && blocks.end <= nb);
+    assert!(staged.len() >= blocks.len() * STAGED_BYTES);
     let low = _mm512_set1_epi32(7);
     let in_both_halves = |x: __m512i| _mm512_or_si512(x, _mm512_slli_epi32::<16>(x));
-    for b in 0..nb {
+    for (i, b) in blocks.enumerate() {
         let src = group.as_ptr().add(b * block_bytes::<HIGH>());
         for s in 0..SUB_BLOCKS {
             let scale =
@@ -271,7 +275,7 @@ pub(super) unsafe fn stage_split_scales<const HIGH: bool>(
             let hi = in_both_halves(_mm512_srli_epi32::<3>(scale));
             let tiles = staged
                 .as_mut_ptr()
-                .add(b * STAGED_BYTES + (s / 2) * 2 * STAGED_TILE);
+                .add(i * STAGED_BYTES + (s / 2) * 2 * STAGED_TILE);
             for t in 0..8 {
                 let q = values_avx512::<HIGH>(src, s, t);
                 let row = tiles.add(64 * (8 * (s % 2) + t));
@@ -300,15 +304,20 @@ pub(super) unsafe fn stage_split_scales<const HIGH: bool>(
 pub(super) unsafe fn run_amx<T: Tiles, const HIGH: bool>(
     tiles: &mut T,
     job: &StagedJob<'_, Q8KPanel<'_>>,
-    out: &mut [GroupOut],
+    accumulators: &mut [StagedAcc],
 ) {
     let pairs = job.panels.len().div_ceil(2);
     let quads = pairs.div_ceil(2);
-    assert!(job.staged.len() >= job.nb * STAGED_BYTES);
+    assert!(job.blocks.end <= job.nb && job.staged.len() >= job.blocks.len() * STAGED_BYTES);
     assert!(job.pairs.len() >= pairs * job.nb * PAIR_BLOCK_BYTES);
-    assert!(out.len() >= job.panels.len());
-    let zero: Accumulators = ([_mm512_setzero_ps(); PANEL], [_mm512_setzero_ps(); PANEL]);
-    let mut acc = vec![zero; job.panels.len()];
+    assert!(accumulators.len() >= job.panels.len());
+    let mut acc: Vec<Accumulators> = accumulators[..job.panels.len()]
+        .iter()
+        .map(|a| {
+            let [sums, mins] = load_acc(a);
+            (sums, mins)
+        })
+        .collect();
     // The unit's two pairs (a lone last pair twice: its second copy is not used).
     let pairs_of = |u: usize| [2 * u, (2 * u + 1).min(pairs - 1)];
     let activations_of =
@@ -319,7 +328,10 @@ pub(super) unsafe fn run_amx<T: Tiles, const HIGH: bool>(
     // high-scale values. Each `A` and `B` meets two others, and the four accumulators are four
     // independent chains (with two, a unit waited on the products' latency: 1.7× slower).
     let multiply = |tiles: &mut T, b: usize, u: usize| {
-        let staged = job.staged.as_ptr().add(b * STAGED_BYTES);
+        let staged = job
+            .staged
+            .as_ptr()
+            .add((b - job.blocks.start) * STAGED_BYTES);
         let [a0, a1] = pairs_of(u).map(|q| activations_of(b, q));
         for c in 0..4 {
             tiles.zero(c);
@@ -362,12 +374,22 @@ pub(super) unsafe fn run_amx<T: Tiles, const HIGH: bool>(
     tiles.configure(&FULL_TILES);
     pipeline_units(
         tiles,
-        (job.nb, quads),
+        (job.blocks.clone(), quads),
         multiply,
         |b, u| pairs_of(u).map(|q| activations_of(b, q)),
         consume,
     );
-    for (out, acc) in out.iter_mut().zip(&acc) {
-        *out = outputs(acc);
+    for ((sums, mins), acc) in acc.iter().zip(accumulators) {
+        store_acc(&[*sums, *mins], acc);
     }
+}
+
+/// A panel's outputs from [`run_amx`]'s accumulators after the last slice.
+///
+/// # Safety
+/// The CPU must support AVX-512F.
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn staged_outputs(acc: &StagedAcc) -> GroupOut {
+    let [sums, mins] = load_acc(acc);
+    outputs(&(sums, mins))
 }

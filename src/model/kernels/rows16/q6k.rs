@@ -184,8 +184,8 @@ impl Format for Q6K {
     const STAGED_BLOCK_BYTES: usize = STAGED_BYTES;
 
     #[cfg(target_arch = "x86_64")]
-    unsafe fn stage(group: &[u8], nb: usize, staged: &mut [u8]) {
-        x86::stage_scale_digits(group, nb, staged)
+    unsafe fn stage(group: &[u8], nb: usize, blocks: std::ops::Range<usize>, staged: &mut [u8]) {
+        x86::stage_scale_digits(group, nb, blocks, staged)
     }
 
     #[cfg(target_arch = "x86_64")]
@@ -197,9 +197,14 @@ impl Format for Q6K {
     unsafe fn amx_staged<T: super::tiles::Tiles>(
         tiles: &mut T,
         job: &super::StagedJob<'_, Q8KPanel<'_>>,
-        out: &mut [GroupOut],
+        acc: &mut [super::StagedAcc],
     ) {
-        x86::run_amx(tiles, job, out)
+        x86::run_amx(tiles, job, acc)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn staged_outputs(acc: &super::StagedAcc) -> GroupOut {
+        x86::staged_outputs(acc)
     }
 }
 

@@ -3,18 +3,18 @@
 //! operations per output as [`super::group_portable`].
 
 use super::super::shared_x86::{self as shared, AVX2_ROWS as ROWS};
+use super::super::shared_x86::{load_acc, store_acc};
 use super::super::shared_x86::{
     pipeline_units, PairSums, FULL_TILES, PAIR_BLOCK_BYTES, STAGED_TILE,
 };
 use super::super::tiles::Tiles;
-use super::super::StagedJob;
-use super::{
-    GroupOut, Q6KJob, GROUP, GROUP_BLOCK_BYTES, HIGH, NIBBLES, SCALES, STAGED_BYTES, SUB_BLOCKS,
-};
+use super::super::{StagedAcc, StagedJob};
+use super::{GroupOut, Q6KJob, GROUP_BLOCK_BYTES, HIGH, NIBBLES, SCALES, STAGED_BYTES, SUB_BLOCKS};
 use crate::model::kernels::kquant::q8k::Q8KPanel;
 use crate::model::kernels::kquant::QK_K;
 use crate::model::kernels::panel::PANEL;
 use std::arch::x86_64::*;
+use std::ops::Range;
 
 /// Four activation bytes of panel entry `i` (super-block and row), from byte `at`.
 #[inline]
@@ -243,60 +243,72 @@ unsafe fn offsets_avx2(job: &Q6KJob<'_>, pairs: &[__m256i; SUB_BLOCKS / 2], i: u
 /// `q − 32` (−32..=31) is at most 96 in magnitude: a signed byte.
 const DIGIT_BASE: i32 = 7;
 
-/// The three balanced base-7 digits of every i8 scale, by its byte.
-const DIGITS: [[i8; 3]; 256] = {
-    let mut table = [[0i8; 3]; 256];
-    let mut byte = 0;
-    while byte < 256 {
-        let mut rest = byte as u8 as i8 as i32;
-        let mut i = 0;
-        while i < 3 {
-            let digit = (rest + 3).rem_euclid(DIGIT_BASE) - 3;
-            table[byte][i] = digit as i8;
-            rest = (rest - digit) / DIGIT_BASE;
-            i += 1;
-        }
-        assert!(rest == 0, "three balanced base-7 digits hold every i8");
-        byte += 1;
-    }
-    table
-};
+/// The three balanced base-7 digits of sixteen i8 scales (at `src`), each digit in both 16-bit
+/// halves of its scale's 32-bit lane. With `x = scale + 171` (0 ..= 298: 171 is 24·7 + 3),
+/// `x mod 7 − 3` is the lowest balanced digit and `⌊x / 7⌋` the rest plus 24 (3·7 + 3), and so
+/// on; `⌊x / 7⌋ = (x · 9363) >> 16` for every `x` below 400.
+///
+/// # Safety
+/// The CPU must support AVX-512F; `src` holds sixteen bytes.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+pub(super) unsafe fn scale_digits(src: *const u8) -> [__m512i; 3] {
+    let seven = _mm512_set1_epi32(DIGIT_BASE);
+    let three = _mm512_set1_epi32(3);
+    let by_seven =
+        |x: __m512i| _mm512_srli_epi32::<16>(_mm512_mullo_epi32(x, _mm512_set1_epi32(9363)));
+    let x = _mm512_add_epi32(
+        _mm512_cvtepi8_epi32(_mm_loadu_si128(src as *const _)),
+        _mm512_set1_epi32(171),
+    );
+    let x1 = by_seven(x);
+    let x2 = by_seven(x1);
+    let digit = |x: __m512i, q: __m512i| {
+        _mm512_sub_epi32(_mm512_sub_epi32(x, _mm512_mullo_epi32(q, seven)), three)
+    };
+    let in_both_halves = |d: __m512i| {
+        _mm512_or_si512(
+            _mm512_and_si512(d, _mm512_set1_epi32(0xFFFF)),
+            _mm512_slli_epi32::<16>(d),
+        )
+    };
+    [digit(x, x1), digit(x1, x2), _mm512_sub_epi32(x2, three)].map(in_both_halves)
+}
 
 /// Stages a Q6_K group for [`run_amx`]: per super-block and 64-value chunk `c` (sub-blocks
 /// `4c..4c + 4`), three tiles, the values `q − 32` times digit `i` of their sub-block's scale
-/// ([`DIGITS`]), as signed bytes; row `4h + t` of a tile holds values `4t..4t + 4` of
+/// ([`scale_digits`]), as signed bytes; row `4h + t` of a tile holds values `4t..4t + 4` of
 /// sub-block `4c + h` of each weight row (bytes `4j..4j + 4`: row `j`), the tile's layout.
 /// The products are formed per 16-bit lane on the sign-extended even and odd bytes.
 ///
 /// # Safety
 /// The CPU must support AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(super) unsafe fn stage_scale_digits(group: &[u8], nb: usize, staged: &mut [u8]) {
-    assert!(group.len() >= nb * GROUP_BLOCK_BYTES && staged.len() >= nb * STAGED_BYTES);
+pub(super) unsafe fn stage_scale_digits(
+    group: &[u8],
+    nb: usize,
+    blocks: Range<usize>,
+    staged: &mut [u8],
+) {
+    assert!(group.len() >= nb * GROUP_BLOCK_BYTES && blocks.end <= nb);
+    assert!(staged.len() >= blocks.len() * STAGED_BYTES);
     let (bias, low_byte) = (_mm512_set1_epi8(32), _mm512_set1_epi16(0x00FF));
-    for b in 0..nb {
+    for (i, b) in blocks.enumerate() {
         let src = group.as_ptr().add(b * GROUP_BLOCK_BYTES);
         for s in 0..SUB_BLOCKS {
-            // Each lane's digit in both 16-bit halves of its 32-bit lane.
-            let digits: [__m512i; 3] = std::array::from_fn(|i| {
-                let per_lane: [i32; GROUP] = std::array::from_fn(|j| {
-                    let d = DIGITS[*src.add(SCALES + 16 * s + j) as usize][i] as i16 as u16;
-                    (d as i32) | ((d as i32) << 16)
-                });
-                _mm512_loadu_si512(per_lane.as_ptr() as *const _)
-            });
+            let digits = scale_digits(src.add(SCALES + 16 * s));
             let tiles = staged
                 .as_mut_ptr()
-                .add(b * STAGED_BYTES + (s / 4) * 3 * STAGED_TILE);
+                .add(i * STAGED_BYTES + (s / 4) * 3 * STAGED_TILE);
             for (t, q) in sub_block_values(src, s).into_iter().enumerate() {
                 let v = _mm512_sub_epi8(q, bias);
                 let even = _mm512_srai_epi16::<8>(_mm512_slli_epi16::<8>(v));
                 let odd = _mm512_srai_epi16::<8>(v);
                 let row = 64 * (4 * (s % 4) + t);
-                for (i, d) in digits.iter().enumerate() {
+                for (digit, d) in digits.iter().enumerate() {
                     let lo = _mm512_and_si512(_mm512_mullo_epi16(even, *d), low_byte);
                     let hi = _mm512_slli_epi16::<8>(_mm512_mullo_epi16(odd, *d));
-                    let dst = tiles.add(i * STAGED_TILE + row);
+                    let dst = tiles.add(digit * STAGED_TILE + row);
                     _mm512_storeu_si512(dst as *mut _, _mm512_or_si512(lo, hi));
                 }
             }
@@ -320,13 +332,16 @@ pub(super) unsafe fn stage_scale_digits(group: &[u8], nb: usize, staged: &mut [u
 pub(super) unsafe fn run_amx<T: Tiles>(
     tiles: &mut T,
     job: &StagedJob<'_, Q8KPanel<'_>>,
-    out: &mut [GroupOut],
+    accumulators: &mut [StagedAcc],
 ) {
     let pairs = job.panels.len().div_ceil(2);
-    assert!(job.staged.len() >= job.nb * STAGED_BYTES);
+    assert!(job.blocks.end <= job.nb && job.staged.len() >= job.blocks.len() * STAGED_BYTES);
     assert!(job.pairs.len() >= pairs * job.nb * PAIR_BLOCK_BYTES);
-    assert!(out.len() >= job.panels.len());
-    let mut acc = vec![[_mm512_setzero_ps(); PANEL]; job.panels.len()];
+    assert!(accumulators.len() >= job.panels.len());
+    let mut acc: Vec<[__m512; PANEL]> = accumulators[..job.panels.len()]
+        .iter()
+        .map(|a| load_acc(a)[0])
+        .collect();
     let activations_of =
         |b: usize, q: usize| job.pairs.as_ptr().add((q * job.nb + b) * PAIR_BLOCK_BYTES);
     // The tiles (all 16 rows of 64 bytes): `C` tmm0–tmm2, the sums of the three scale
@@ -334,7 +349,10 @@ pub(super) unsafe fn run_amx<T: Tiles>(
     // parity, a chunk's 64 activations of the 16 rows; `B` tmm6, tmm7, tmm3, the chunk's staged
     // values times each digit.
     let multiply = |tiles: &mut T, b: usize, q: usize| {
-        let staged = job.staged.as_ptr().add(b * STAGED_BYTES);
+        let staged = job
+            .staged
+            .as_ptr()
+            .add((b - job.blocks.start) * STAGED_BYTES);
         let activations = activations_of(b, q);
         for c in 0..3 {
             tiles.zero(c);
@@ -380,12 +398,23 @@ pub(super) unsafe fn run_amx<T: Tiles>(
     tiles.configure(&FULL_TILES);
     pipeline_units(
         tiles,
-        (job.nb, pairs),
+        (job.blocks.clone(), pairs),
         multiply,
         |b, q| [activations_of(b, q)],
         consume,
     );
-    for (out, acc) in out.iter_mut().zip(&acc) {
-        *out = crate::model::kernels::avx512::lanes_to_outputs(acc);
+    // Only the first half: Q6_K has no minima.
+    let unused = [_mm512_setzero_ps(); PANEL];
+    for (sums, acc) in acc.iter().zip(accumulators) {
+        store_acc(&[*sums, unused], acc);
     }
+}
+
+/// A panel's outputs from [`run_amx`]'s accumulators after the last slice.
+///
+/// # Safety
+/// The CPU must support AVX-512F.
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn staged_outputs(acc: &StagedAcc) -> GroupOut {
+    crate::model::kernels::avx512::lanes_to_outputs(&load_acc(acc)[0])
 }

@@ -141,8 +141,8 @@ pub(crate) const FULL_TILES: TileConfig = TileConfig::new([(16, 64); 8]);
 /// [`GROUP`] weight rows' i32.
 pub(crate) type PairSums = [[i32; GROUP]; 2 * PANEL];
 
-/// The staged AMX kernels' software pipeline over `blocks` super-blocks of `units` units each
-/// (block-major): `multiply(tiles, b, u)` issues a unit's tile products into accumulators
+/// The staged AMX kernels' software pipeline over the super-blocks `blocks`, `units` units
+/// each (block-major): `multiply(tiles, b, u)` issues a unit's tile products into accumulators
 /// `0..N`; then the next unit's staged activations (the `P` pair blocks `activations` names)
 /// are prefetched into L1 (a tile load from L2 waited for its rows one after another), the
 /// previous unit's sums are consumed (`consume(b, u, sums)`, vector work that overlaps the
@@ -155,14 +155,14 @@ pub(crate) type PairSums = [[i32; GROUP]; 2 * PANEL];
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(crate) unsafe fn pipeline_units<T: Tiles, const N: usize, const P: usize>(
     tiles: &mut T,
-    (blocks, units): (usize, usize),
+    (blocks, units): (std::ops::Range<usize>, usize),
     mut multiply: impl FnMut(&mut T, usize, usize),
     activations: impl Fn(usize, usize) -> [*const u8; P],
     mut consume: impl FnMut(usize, usize, &[PairSums; N]),
 ) {
     let mut sums = [[[[0i32; GROUP]; 2 * PANEL]; N]; 2];
-    let total = blocks * units;
-    let at = |unit: usize| (unit / units, unit % units);
+    let total = blocks.len() * units;
+    let at = |unit: usize| (blocks.start + unit / units, unit % units);
     for unit in 0..total {
         let (b, u) = at(unit);
         multiply(tiles, b, u);
@@ -185,6 +185,31 @@ pub(crate) unsafe fn pipeline_units<T: Tiles, const N: usize, const P: usize>(
     if total > 0 {
         let (b, u) = at(total - 1);
         consume(b, u, &sums[(total - 1) % 2]);
+    }
+}
+
+/// A staged kernel's accumulators of one panel ([`super::StagedAcc`]) as vectors: per panel
+/// row the sums, then the minima's.
+///
+/// # Safety
+/// The CPU must support AVX-512F.
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(crate) unsafe fn load_acc(acc: &super::StagedAcc) -> [[__m512; PANEL]; 2] {
+    std::array::from_fn(|h| std::array::from_fn(|r| _mm512_loadu_ps(acc.0[PANEL * h + r].as_ptr())))
+}
+
+/// [`load_acc`]'s inverse.
+///
+/// # Safety
+/// The CPU must support AVX-512F.
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(crate) unsafe fn store_acc(vectors: &[[__m512; PANEL]; 2], acc: &mut super::StagedAcc) {
+    for (h, rows) in vectors.iter().enumerate() {
+        for (r, v) in rows.iter().enumerate() {
+            _mm512_storeu_ps(acc.0[PANEL * h + r].as_mut_ptr(), *v);
+        }
     }
 }
 
