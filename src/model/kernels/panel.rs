@@ -12,6 +12,7 @@
 //! activation row, in a fixed order; which panel a row lands in, the zero rows padding the last
 //! panel, the cache blocking and the split across threads never change a value.
 
+use std::marker::PhantomData;
 use std::mem::MaybeUninit;
 use std::ops::Range;
 
@@ -156,9 +157,15 @@ pub(crate) fn quantize_block_portable(x: &[f32], q: &mut [i8; BLOCK]) -> (f32, f
 
 /// Where a job's outputs go: the `width` columns from weight row `j` of the `live` output
 /// rows of one panel (rows past `m` and columns past `n` do not exist and are not written).
+///
+/// It holds a raw pointer rather than a slice because [`drive_staged`]'s tasks write disjoint
+/// columns of the same rows: their slices would overlap. Every write is bounds-checked
+/// against the buffer, and the constructors state who may write where.
 pub struct OutRows<'a> {
-    out: &'a mut [MaybeUninit<f32>],
-    /// Index in `out` of the first row's first column.
+    out: *mut MaybeUninit<f32>,
+    /// Values in the buffer at `out`.
+    len: usize,
+    /// Index in the buffer of the first row's first column.
     at: usize,
     n: usize,
     live: usize,
@@ -166,6 +173,42 @@ pub struct OutRows<'a> {
     /// Bit `r` set once row `r` is written: the driver checks every live row was, so that no
     /// uninitialised output is ever read, whatever a kernel does.
     written: u8,
+    _buffer: PhantomData<&'a mut [MaybeUninit<f32>]>,
+}
+
+/// Where in the output an [`OutRows`] writes: rows of `n` values, the job's first at `at`.
+struct Place {
+    at: usize,
+    n: usize,
+    live: usize,
+    width: usize,
+}
+
+impl<'a> OutRows<'a> {
+    /// Rows in a buffer this job alone writes.
+    fn in_slice(out: &'a mut [MaybeUninit<f32>], place: Place) -> Self {
+        // SAFETY: the exclusive borrow covers the whole buffer for `'a`.
+        unsafe { Self::in_shared(out.as_mut_ptr(), out.len(), place) }
+    }
+
+    /// Rows in a buffer of `len` values at `out` that other jobs write too.
+    ///
+    /// # Safety
+    /// For `'a`, nothing else reads or writes this job's place (its `live` rows' `width`
+    /// columns from `at`), and the buffer is valid for `len` values.
+    unsafe fn in_shared(out: *mut MaybeUninit<f32>, len: usize, place: Place) -> Self {
+        let Place { at, n, live, width } = place;
+        OutRows {
+            out,
+            len,
+            at,
+            n,
+            live,
+            width,
+            written: 0,
+            _buffer: PhantomData,
+        }
+    }
 }
 
 impl OutRows<'_> {
@@ -183,7 +226,13 @@ impl OutRows<'_> {
     pub fn set_row<const W: usize>(&mut self, r: usize, values: &[f32; W]) {
         assert!(r < self.live, "panel row {r} of {}", self.live);
         assert!(self.width <= W, "{} outputs from {W} values", self.width);
-        let row = &mut self.out[self.at + r * self.n..][..self.width];
+        let start = self.at + r * self.n;
+        assert!(
+            start + self.width <= self.len,
+            "output row {r} past the buffer"
+        );
+        // SAFETY: in bounds (asserted), and the place is this job's alone (the constructors).
+        let row = unsafe { std::slice::from_raw_parts_mut(self.out.add(start), self.width) };
         // A whole group is a fixed-size copy the compiler inlines (a `memcpy` call per row
         // was 3% of a SmolLM2 run).
         match <&mut [MaybeUninit<f32>; W]>::try_from(&mut *row) {
@@ -222,14 +271,13 @@ pub fn drive(
             let js = j0..(j0 + ROWS_PER_CACHE_BLOCK).min(n);
             for p in 0..rows.div_ceil(PANEL) {
                 for j in js.clone().step_by(group) {
-                    let mut rows = OutRows {
+                    let place = Place {
                         at: p * PANEL * n + j,
                         n,
                         live: PANEL.min(rows - p * PANEL),
                         width: group.min(js.end - j),
-                        out: &mut *out,
-                        written: 0,
                     };
+                    let mut rows = OutRows::in_slice(&mut *out, place);
                     kernel(t * per_task + p, j, &mut rows);
                     rows.assert_all_written();
                 }
@@ -301,17 +349,19 @@ pub struct StagedRun {
 }
 
 /// [`drive`] for kernels that meet weights staged per group (decoded once into the layout
-/// their instructions read) and take a run of panels per call. Within each task (a run of
-/// panel pairs per thread), for each pass of panels, for each slice of blocks, for each group
-/// `j`: `stage(j, blocks, &mut staged)`, then `kernel(&staged, run, accumulators)` carries the
+/// their instructions read) and take a run of panels per call. The threads split the groups,
+/// not the panels: each task takes every panel against its run of groups, so each group is
+/// staged once, not once per thread, and each staging serves every panel (split by panels,
+/// two threads ran a 512-row Q4_K product at 1.4× one thread; two one-thread processes at
+/// 2×). Within a task, for each pass of panels, for each slice of blocks, for each group `j`:
+/// `stage(j, blocks, &mut staged)`, then `kernel(&staged, run, accumulators)` carries the
 /// run's accumulators (one per panel) over the slice; after a group's last slice,
-/// `finish(accumulator, rows)` writes each panel's outputs. A pass holds all of a task's
-/// panels unless their rows of one block exceed `pass_bytes`, and a slice as many blocks as
-/// keep the pass's activations within `pass_bytes`: so each group is staged once per pass
-/// (not once per small run of panels, which was a fifth of an 8B model's time), while the
-/// activations every group meets stay in the cache. With several slices every group's
-/// accumulators are held between them. Each output is still computed on its own activation
-/// row, block after block in order, so the values are [`drive`]'s whatever the walk.
+/// `finish(accumulator, rows)` writes each panel's outputs. A pass holds every panel unless
+/// their rows of one block exceed `pass_bytes`, and a slice as many blocks as keep the
+/// pass's activations within `pass_bytes`, so the activations every group meets stay in the
+/// cache. With several slices every group's accumulators are held between them. Each output
+/// is still computed on its own activation row, block after block in order, so the values
+/// are [`drive`]'s whatever the walk and the thread count.
 pub fn drive_staged<S: Default, A: Default + Clone + Send>(
     walk: StagedWalk,
     stage: impl Fn(usize, Range<usize>, &mut S) + Sync,
@@ -319,40 +369,43 @@ pub fn drive_staged<S: Default, A: Default + Clone + Send>(
     finish: impl Fn(&A, &mut OutRows<'_>) + Sync,
 ) -> Vec<f32> {
     let StagedWalk { m, n, blocks, .. } = walk;
+    if m == 0 || n == 0 {
+        return vec![0f32; m * n];
+    }
     let group = walk.group.max(1);
-    let panels = m.div_ceil(PANEL);
-    // Whole pairs per task, so that only the last task may hold an unpaired panel.
-    let per_task = panels
-        .div_ceil(rayon::current_num_threads().max(1))
-        .next_multiple_of(2);
+    let (panels, groups) = (m.div_ceil(PANEL), n.div_ceil(group));
+    let tasks = rayon::current_num_threads().clamp(1, groups);
+    let per_task = groups.div_ceil(tasks);
     let row_block_bytes = PANEL * walk.block_bytes.max(1);
+    // Even, so that every run but the last starts and ends on a pair of panels.
     let pass_panels = (walk.pass_bytes / row_block_bytes)
         .max(2)
         .next_multiple_of(2);
-    let groups = n.div_ceil(group);
-    per_task_outputs(m, n, per_task, |t, out| {
-        let rows = out.len() / n;
+    let mut out = Vec::with_capacity(m * n);
+    let shared = SharedOut(out.spare_capacity_mut().as_mut_ptr());
+    (0..tasks).into_par_iter().for_each(|t| {
+        let shared = &shared;
+        let task_groups = t * per_task..((t + 1) * per_task).min(groups);
         let mut staged = S::default();
         let mut accumulators = Vec::new();
-        for (c, pass) in out.chunks_mut(pass_panels * PANEL * n).enumerate() {
-            let first = c * pass_panels;
-            let pass_rows = pass.len() / n;
-            let run_panels = pass_rows.div_ceil(PANEL);
+        for first in (0..panels).step_by(pass_panels) {
+            let run_panels = pass_panels.min(panels - first);
             let slice = (walk.pass_bytes / (run_panels * row_block_bytes)).clamp(1, blocks.max(1));
             let slices = blocks.div_ceil(slice).max(1);
             // One slice: a group's accumulators are done before the next group's begin.
-            let held = if slices > 1 { groups } else { 1 };
+            let held = if slices > 1 { task_groups.len() } else { 1 };
             accumulators.resize(held * run_panels, A::default());
             for s in 0..slices {
                 let slice = s * slice..((s + 1) * slice).min(blocks);
-                for (g, j) in (0..n).step_by(group).enumerate() {
+                for (i, g) in task_groups.clone().enumerate() {
+                    let j = g * group;
                     stage(j, slice.clone(), &mut staged);
-                    let accumulators = &mut accumulators[(g % held) * run_panels..][..run_panels];
+                    let accumulators = &mut accumulators[(i % held) * run_panels..][..run_panels];
                     if s == 0 {
                         accumulators.fill(A::default());
                     }
                     let run = StagedRun {
-                        first_panel: t * per_task + first,
+                        first_panel: first,
                         panels: run_panels,
                         row: j,
                         blocks: slice.clone(),
@@ -361,27 +414,38 @@ pub fn drive_staged<S: Default, A: Default + Clone + Send>(
                     if s + 1 < slices {
                         continue;
                     }
-                    for (q, (accumulator, out)) in accumulators
-                        .iter()
-                        .zip(pass.chunks_mut(PANEL * n))
-                        .enumerate()
-                    {
-                        let mut out = OutRows {
-                            at: j,
+                    for (q, accumulator) in accumulators.iter().enumerate() {
+                        let p = first + q;
+                        let place = Place {
+                            at: p * PANEL * n + j,
                             n,
-                            live: PANEL.min(rows - (first + q) * PANEL),
+                            live: PANEL.min(m - p * PANEL),
                             width: group.min(n - j),
-                            out,
-                            written: 0,
                         };
+                        // SAFETY: the place (group `g`'s columns of panel `p`'s rows) is this
+                        // task's alone: the tasks' groups are disjoint, and this is the one
+                        // job of (`p`, `g`); the buffer holds `m · n` values and is not
+                        // otherwise touched until every task is done.
+                        let mut out = unsafe { OutRows::in_shared(shared.0, m * n, place) };
                         finish(accumulator, &mut out);
                         out.assert_all_written();
                     }
                 }
             }
         }
-    })
+    });
+    // SAFETY: every (panel, group) job's live rows were written, `width` wide (asserted after
+    // each), and the jobs tile the output: every group in one task, every panel in a pass.
+    unsafe { out.set_len(m * n) };
+    out
 }
+
+/// The output buffer as [`drive_staged`]'s tasks share it (each writes its own columns).
+struct SharedOut(*mut MaybeUninit<f32>);
+
+// SAFETY: the tasks write disjoint places through it (see `drive_staged`), and the buffer
+// outlives them.
+unsafe impl Sync for SharedOut {}
 
 /// ggml's `hsum_float_8` order for eight lane sums: `((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7))`.
 pub(crate) fn hsum8(acc: &[f32; 8]) -> f32 {
