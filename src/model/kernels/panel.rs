@@ -387,48 +387,61 @@ pub fn drive_staged<S: Default, A: Default + Clone + Send>(
         let shared = &shared;
         let task_groups = t * per_task..((t + 1) * per_task).min(groups);
         let mut staged = S::default();
-        let mut accumulators = Vec::new();
+        let mut held_acc = Vec::new();
         for first in (0..panels).step_by(pass_panels) {
             let run_panels = pass_panels.min(panels - first);
             let slice = (walk.pass_bytes / (run_panels * row_block_bytes)).clamp(1, blocks.max(1));
             let slices = blocks.div_ceil(slice).max(1);
             // One slice: a group's accumulators are done before the next group's begin.
-            let held = if slices > 1 { task_groups.len() } else { 1 };
-            accumulators.resize(held * run_panels, A::default());
+            // One slice: a batch's accumulators are done before the next batch's begin.
+            let held = if slices > 1 {
+                task_groups.len()
+            } else {
+                FINISH_BATCH.min(task_groups.len())
+            };
+            held_acc.resize(held * run_panels, A::default());
             for s in 0..slices {
                 let slice = s * slice..((s + 1) * slice).min(blocks);
                 for (i, g) in task_groups.clone().enumerate() {
-                    let j = g * group;
-                    stage(j, slice.clone(), &mut staged);
-                    let accumulators = &mut accumulators[(i % held) * run_panels..][..run_panels];
+                    stage(g * group, slice.clone(), &mut staged);
+                    let acc = &mut held_acc[(i % held) * run_panels..][..run_panels];
                     if s == 0 {
-                        accumulators.fill(A::default());
+                        acc.fill(A::default());
                     }
                     let run = StagedRun {
                         first_panel: first,
                         panels: run_panels,
-                        row: j,
+                        row: g * group,
                         blocks: slice.clone(),
                     };
-                    kernel(&staged, &run, accumulators);
-                    if s + 1 < slices {
+                    kernel(&staged, &run, acc);
+                    let last = i + 1 == task_groups.len();
+                    if s + 1 < slices || !((i + 1) % FINISH_BATCH == 0 || last) {
                         continue;
                     }
-                    for (q, accumulator) in accumulators.iter().enumerate() {
+                    // The batch's outputs panel by panel, each row's groups side by side: a
+                    // group at a time wrote 64 bytes into every row, a cache miss each (a
+                    // 1B model's logits have rows 500 KB apart; this and the block-major
+                    // staged activations together took 10% off its evaluation).
+                    let batch = (i / FINISH_BATCH) * FINISH_BATCH..i + 1;
+                    for q in 0..run_panels {
                         let p = first + q;
-                        let place = Place {
-                            at: p * PANEL * n + j,
-                            n,
-                            live: PANEL.min(m - p * PANEL),
-                            width: group.min(n - j),
-                        };
-                        // SAFETY: the place (group `g`'s columns of panel `p`'s rows) is this
-                        // task's alone: the tasks' groups are disjoint, and this is the one
-                        // job of (`p`, `g`); the buffer holds `m · n` values and is not
-                        // otherwise touched until every task is done.
-                        let mut out = unsafe { OutRows::in_shared(shared.0, m * n, place) };
-                        finish(accumulator, &mut out);
-                        out.assert_all_written();
+                        for b in batch.clone() {
+                            let j = (task_groups.start + b) * group;
+                            let place = Place {
+                                at: p * PANEL * n + j,
+                                n,
+                                live: PANEL.min(m - p * PANEL),
+                                width: group.min(n - j),
+                            };
+                            // SAFETY: the place (this group's columns of panel `p`'s rows) is
+                            // this task's alone: the tasks' groups are disjoint, and this is
+                            // the one job of (`p`, group); the buffer holds `m · n` values and
+                            // is not otherwise touched until every task is done.
+                            let mut out = unsafe { OutRows::in_shared(shared.0, m * n, place) };
+                            finish(&held_acc[(b % held) * run_panels + q], &mut out);
+                            out.assert_all_written();
+                        }
                     }
                 }
             }
@@ -439,6 +452,11 @@ pub fn drive_staged<S: Default, A: Default + Clone + Send>(
     unsafe { out.set_len(m * n) };
     out
 }
+
+/// Groups [`drive_staged`] finishes together, so that each output row gets their values side
+/// by side (16 groups: 1 KiB of a row; their accumulators, 1 KiB per panel and group, stay
+/// in the cache).
+const FINISH_BATCH: usize = 16;
 
 /// The output buffer as [`drive_staged`]'s tasks share it (each writes its own columns).
 struct SharedOut(*mut MaybeUninit<f32>);

@@ -192,8 +192,13 @@ pub struct StagedJob<'a, P> {
     pub blocks: Range<usize>,
     /// The run's panels (an even number but perhaps the last run's last).
     pub panels: &'a [P],
-    /// Their activation values as [`Format::stage_pairs`] wrote them, pair after pair.
+    /// The product's activation values as [`Format::stage_pairs`] wrote them: block after
+    /// block, in each every pair of panels.
     pub pairs: &'a [u8],
+    /// Pairs of panels in the product (in `pairs` per block).
+    pub all_pairs: usize,
+    /// The pair of the run's first panel.
+    pub first_pair: usize,
 }
 
 /// A staged kernel's float accumulators of one panel against one group, carried from one
@@ -343,8 +348,9 @@ pub trait Format: Sized + Send + Sync + 'static {
     }
 
     /// The activation values of the panel pairs `(2q, 2q + 1)` in the layout
-    /// [`Format::amx_staged`] loads into tiles, pair after pair, each pair the same size (a
-    /// missing second panel as zeros). Done once per product.
+    /// [`Format::amx_staged`] loads into tiles: block after block, in each pair after pair,
+    /// each the same size (a missing second panel as zeros), so the kernel, which takes the
+    /// pairs of one block one after another, reads them in order. Done once per product.
     #[cfg(target_arch = "x86_64")]
     fn stage_pairs(panels: &[PanelOf<'_, Self>], nb: usize) -> Vec<u8> {
         let _ = (panels, nb);
@@ -474,7 +480,6 @@ impl<F: Format> Rows16Matrix<F> {
         let nb = k / F::Act::BLOCK;
         let panels = self.panel_views(a, m);
         let pairs = F::stage_pairs(&panels, nb);
-        let pair_len = pairs.len() / panels.len().div_ceil(2);
         let walk = panel::StagedWalk {
             m,
             n,
@@ -496,7 +501,9 @@ impl<F: Format> Rows16Matrix<F> {
                 nb,
                 blocks: run.blocks.clone(),
                 panels: &panels[p0..p0 + run.panels],
-                pairs: &pairs[p0 / 2 * pair_len..][..run.panels.div_ceil(2) * pair_len],
+                pairs: &pairs,
+                all_pairs: panels.len().div_ceil(2),
+                first_pair: p0 / 2,
             };
             // SAFETY: as `stage`; the panels' lengths were checked (`panel_views`), the group
             // is whole, `staged` and `pairs` were written for it and them.

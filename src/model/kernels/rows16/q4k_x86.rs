@@ -4,10 +4,8 @@
 //! (a fifth bit per value) over Q4_K at compile time.
 
 use super::super::shared_x86::{self as shared, AVX2_ROWS as ROWS};
-use super::super::shared_x86::{load_acc, store_acc};
-use super::super::shared_x86::{
-    pipeline_units, PairSums, FULL_TILES, PAIR_BLOCK_BYTES, STAGED_TILE,
-};
+use super::super::shared_x86::{assert_pairs, load_acc, pair_block, store_acc};
+use super::super::shared_x86::{pipeline_units, PairSums, FULL_TILES, STAGED_TILE};
 use super::super::tiles::Tiles;
 use super::super::{Format, StagedAcc, StagedJob};
 use super::{
@@ -309,7 +307,7 @@ pub(super) unsafe fn run_amx<T: Tiles, const HIGH: bool>(
     let pairs = job.panels.len().div_ceil(2);
     let quads = pairs.div_ceil(2);
     assert!(job.blocks.end <= job.nb && job.staged.len() >= job.blocks.len() * STAGED_BYTES);
-    assert!(job.pairs.len() >= pairs * job.nb * PAIR_BLOCK_BYTES);
+    assert_pairs(job);
     assert!(accumulators.len() >= job.panels.len());
     let mut acc: Vec<Accumulators> = accumulators[..job.panels.len()]
         .iter()
@@ -320,8 +318,7 @@ pub(super) unsafe fn run_amx<T: Tiles, const HIGH: bool>(
         .collect();
     // The unit's two pairs (a lone last pair twice: its second copy is not used).
     let pairs_of = |u: usize| [2 * u, (2 * u + 1).min(pairs - 1)];
-    let activations_of =
-        |b: usize, q: usize| job.pairs.as_ptr().add((q * job.nb + b) * PAIR_BLOCK_BYTES);
+    let activations_of = |b: usize, q: usize| pair_block(job, b, q);
     // The tiles (all 16 rows of 64 bytes): `C` tmm0–tmm3, for each of two panel pairs
     // the low- and high-scale sums, 16 activation rows × 16 weight rows (i32); `A` tmm4–tmm5, a
     // chunk's 64 activations of each pair's 16 rows; `B` tmm6–tmm7, the chunk's staged low- and

@@ -3,10 +3,8 @@
 //! operations per output as [`super::group_portable`].
 
 use super::super::shared_x86::{self as shared, AVX2_ROWS as ROWS};
-use super::super::shared_x86::{load_acc, store_acc};
-use super::super::shared_x86::{
-    pipeline_units, PairSums, FULL_TILES, PAIR_BLOCK_BYTES, STAGED_TILE,
-};
+use super::super::shared_x86::{assert_pairs, load_acc, pair_block, store_acc};
+use super::super::shared_x86::{pipeline_units, PairSums, FULL_TILES, STAGED_TILE};
 use super::super::tiles::Tiles;
 use super::super::{StagedAcc, StagedJob};
 use super::{GroupOut, Q6KJob, GROUP_BLOCK_BYTES, HIGH, NIBBLES, SCALES, STAGED_BYTES, SUB_BLOCKS};
@@ -336,14 +334,13 @@ pub(super) unsafe fn run_amx<T: Tiles>(
 ) {
     let pairs = job.panels.len().div_ceil(2);
     assert!(job.blocks.end <= job.nb && job.staged.len() >= job.blocks.len() * STAGED_BYTES);
-    assert!(job.pairs.len() >= pairs * job.nb * PAIR_BLOCK_BYTES);
+    assert_pairs(job);
     assert!(accumulators.len() >= job.panels.len());
     let mut acc: Vec<[__m512; PANEL]> = accumulators[..job.panels.len()]
         .iter()
         .map(|a| load_acc(a)[0])
         .collect();
-    let activations_of =
-        |b: usize, q: usize| job.pairs.as_ptr().add((q * job.nb + b) * PAIR_BLOCK_BYTES);
+    let activations_of = |b: usize, q: usize| pair_block(job, b, q);
     // The tiles (all 16 rows of 64 bytes): `C` tmm0–tmm2, the sums of the three scale
     // digits, 16 activation rows (a panel pair) × 16 weight rows (i32); `A` tmm4–tmm5 by chunk
     // parity, a chunk's 64 activations of the 16 rows; `B` tmm6, tmm7, tmm3, the chunk's staged

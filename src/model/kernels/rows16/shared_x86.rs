@@ -214,18 +214,24 @@ pub(crate) unsafe fn store_acc(vectors: &[[__m512; PANEL]; 2], acc: &mut super::
 }
 
 /// The Q8_K activations of panel pairs as the staged AMX kernels (Q4_K, Q5_K, Q6_K) load them:
-/// per pair and super-block, the first panel's 8 rows of 256 values, then the second's (zeros
-/// where there is none), so one 16-row tile holds both panels.
+/// per super-block, per pair, the first panel's 8 rows of 256 values, then the second's
+/// (zeros where there is none), so one 16-row tile holds both panels and a kernel taking a
+/// block's pairs one after another reads this buffer in order (and a slice of blocks is one
+/// contiguous run of it).
 pub(crate) fn stage_pairs(panels: &[Q8KPanel<'_>], nb: usize) -> Vec<u8> {
     use rayon::prelude::*;
-    let mut out = vec![0u8; panels.len().div_ceil(2) * nb * PAIR_BLOCK_BYTES];
-    out.par_chunks_mut(nb * PAIR_BLOCK_BYTES)
-        .zip(panels.par_chunks(2))
-        .for_each(|(pair, panels)| {
-            for (half, panel) in panels.iter().enumerate() {
-                for b in 0..nb {
+    let pairs = panels.len().div_ceil(2);
+    let mut out = vec![0u8; pairs * nb * PAIR_BLOCK_BYTES];
+    out.par_chunks_mut(pairs * PAIR_BLOCK_BYTES)
+        .enumerate()
+        .for_each(|(b, block)| {
+            for (pair, panels) in block
+                .chunks_exact_mut(PAIR_BLOCK_BYTES)
+                .zip(panels.chunks(2))
+            {
+                for (half, panel) in panels.iter().enumerate() {
                     let rows = &panel.qs[b * PANEL..][..PANEL];
-                    let dst = &mut pair[(2 * b + half) * PANEL * QK_K..][..PANEL * QK_K];
+                    let dst = &mut pair[half * PANEL * QK_K..][..PANEL * QK_K];
                     for (dst, row) in dst.chunks_exact_mut(QK_K).zip(rows) {
                         // The same bits: the tile reads them as signed bytes again.
                         for (d, &v) in dst.iter_mut().zip(row) {
@@ -236,4 +242,31 @@ pub(crate) fn stage_pairs(panels: &[Q8KPanel<'_>], nb: usize) -> Vec<u8> {
             }
         });
     out
+}
+
+/// Where pair `q` of a staged job's run has block `b` of its activations ([`stage_pairs`]).
+///
+/// # Safety
+/// `b < job.nb`, and the run's pair `q` exists (`job.first_pair + q < job.all_pairs`), in a
+/// buffer of `job.nb · job.all_pairs` pair blocks (which the kernels assert).
+#[inline]
+pub(crate) unsafe fn pair_block(
+    job: &super::StagedJob<'_, Q8KPanel<'_>>,
+    b: usize,
+    q: usize,
+) -> *const u8 {
+    job.pairs
+        .as_ptr()
+        .add((b * job.all_pairs + job.first_pair + q) * PAIR_BLOCK_BYTES)
+}
+
+/// The staged kernels' checks of a job's staged activations: every pair block of the run is
+/// in the buffer.
+pub(crate) fn assert_pairs(job: &super::StagedJob<'_, Q8KPanel<'_>>) {
+    let pairs = job.panels.len().div_ceil(2);
+    assert!(job.first_pair + pairs <= job.all_pairs, "pairs of the run");
+    assert!(
+        job.pairs.len() >= job.nb * job.all_pairs * PAIR_BLOCK_BYTES,
+        "staged activations"
+    );
 }

@@ -266,8 +266,19 @@ pub(crate) fn throughput<F: Case>() {
     let peak = super::tiles::peak_gops().map(|per_thread| per_thread * threads as f64);
     // The fastest of `PPL_BENCH_REPS` runs (default 3): a noisy machine only slows runs down.
     let reps = crate::test_util::bench_count("PPL_BENCH_REPS", 3);
-    let shapes: [(usize, usize, usize); 3] =
-        [(512, 8192, 2048), (512, 2048, 8192), (512, 1536, 576)];
+    // `PPL_BENCH_SHAPES=NxK,NxK` (weights `[n, k]`, 512 activation rows) replaces the default
+    // shapes, e.g. a model's output matrix `128256x2048`.
+    let shapes: Vec<(usize, usize, usize)> = match std::env::var("PPL_BENCH_SHAPES") {
+        Ok(list) => list
+            .split(',')
+            .map(|shape| {
+                let (n, k) = shape.split_once('x').expect("PPL_BENCH_SHAPES: NxK,NxK");
+                let parse = |v: &str| v.trim().parse().expect("PPL_BENCH_SHAPES: NxK,NxK");
+                (512, parse(n), parse(k))
+            })
+            .collect(),
+        Err(_) => vec![(512, 8192, 2048), (512, 2048, 8192), (512, 1536, 576)],
+    };
     for (m, n, k) in shapes {
         if !k.is_multiple_of(F::Act::BLOCK) {
             continue;
