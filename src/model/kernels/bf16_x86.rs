@@ -159,6 +159,7 @@ pub(super) mod avx2 {
 
 pub(super) mod avx512 {
     use super::{Job, Lanes, CHUNK, PANEL};
+    use crate::model::kernels::half_driver::sub_slices;
     use crate::model::kernels::half_driver::x86::{store512, sums512};
     use std::arch::x86_64::*;
 
@@ -169,23 +170,61 @@ pub(super) mod avx512 {
         _mm512_broadcast_i64x4(_mm256_loadu_si256(p as *const __m256i))
     }
 
-    /// `C` weight rows from row `c0` × the eight panel rows over the job's chunks.
+    /// Pairs of panel rows (one 512-bit register of lanes each).
+    const PAIRS: usize = PANEL / 2;
+
+    /// Chunks of activations widened at a time: a [`super::super::PanelKernel::K_SLICE`] of
+    /// 1024 values, 32 KiB of f32 for the panel (L1).
+    const WIDE_CHUNKS: usize = 64;
+
+    /// The panel's chunks widened to f32 as the tile's registers take them: per chunk and
+    /// pair of panel rows, the sixteen odd values, then the sixteen even ones
+    /// (`[chunk][pair][odd 16, even 16]`).
+    type Wide = [f32; WIDE_CHUNKS * PAIRS * 2 * CHUNK];
+
+    /// Widens chunks `chunks` of the panel into `wide` (chunk `chunks.start` first): the same
+    /// bits the tile formed from the BF16 words itself, once per job rather than once per
+    /// four weight rows (they were half the vector work beside its FMAs).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
-    unsafe fn tile<const C: usize>(job: &Job<'_>, c0: usize, acc: &mut [Lanes]) {
-        let (k, w) = (job.k, job.w.as_ptr().add(c0 * job.k));
+    unsafe fn widen(job: &Job<'_>, chunks: std::ops::Range<usize>, wide: &mut Wide) {
+        debug_assert!(chunks.len() <= WIDE_CHUNKS);
         let x = job.panel.chunks.as_ptr();
         let high = _mm512_set1_epi32(0xffff_0000u32 as i32);
+        for (i, ch) in chunks.enumerate() {
+            for q in 0..PAIRS {
+                let xr = _mm512_loadu_si512(x.add((ch * PANEL + 2 * q) * CHUNK) as *const _);
+                let dst = wide.as_mut_ptr().add((i * PAIRS + q) * 2 * CHUNK);
+                _mm512_storeu_ps(dst, _mm512_castsi512_ps(_mm512_and_si512(xr, high)));
+                _mm512_storeu_ps(
+                    dst.add(CHUNK),
+                    _mm512_castsi512_ps(_mm512_slli_epi32::<16>(xr)),
+                );
+            }
+        }
+    }
+
+    /// `C` weight rows from row `c0` × the eight panel rows over chunks `chunks` (widened in
+    /// `wide`, `chunks.start` first).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
+    unsafe fn tile<const C: usize>(
+        job: &Job<'_>,
+        (c0, chunks): (usize, std::ops::Range<usize>),
+        wide: &Wide,
+        acc: &mut [Lanes],
+    ) {
+        let (k, w) = (job.k, job.w.as_ptr().add(c0 * job.k));
+        let high = _mm512_set1_epi32(0xffff_0000u32 as i32);
         // A pass over the first chunks starts from zero (the driver leaves `acc` as it was).
-        let mut sums = sums512::<C>(acc, c0, job.chunks.start > 0);
-        for ch in job.chunks.clone() {
+        let mut sums = sums512::<C>(acc, c0, chunks.start > 0);
+        for (i, ch) in chunks.enumerate() {
             let wr: [__m512i; C] = std::array::from_fn(|i| weights_x2(w.add(i * k + ch * CHUNK)));
             let wo = wr.map(|v| _mm512_castsi512_ps(_mm512_and_si512(v, high)));
             let we = wr.map(|v| _mm512_castsi512_ps(_mm512_slli_epi32::<16>(v)));
             for (q, sums_q) in sums.iter_mut().enumerate() {
-                let xr = _mm512_loadu_si512(x.add((ch * PANEL + 2 * q) * CHUNK) as *const _);
-                let xo = _mm512_castsi512_ps(_mm512_and_si512(xr, high));
-                let xe = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(xr));
+                let x = wide.as_ptr().add((i * PAIRS + q) * 2 * CHUNK);
+                let (xo, xe) = (_mm512_loadu_ps(x), _mm512_loadu_ps(x.add(CHUNK)));
                 for ((s, o), e) in sums_q.iter_mut().zip(&wo).zip(&we) {
                     *s = _mm512_fmadd_ps(*o, xo, *s);
                     *s = _mm512_fmadd_ps(*e, xe, *s);
@@ -195,7 +234,8 @@ pub(super) mod avx512 {
         store512(acc, c0, &sums);
     }
 
-    /// Every weight row of the job, four at a time, over the whole panel.
+    /// Every weight row of the job, four at a time, over the whole panel, its activations
+    /// widened once per slice of chunks.
     ///
     /// # Safety
     /// The CPU must support AVX-512 F/BW/VL, AVX2 and FMA; `acc` holds one entry per weight
@@ -203,15 +243,20 @@ pub(super) mod avx512 {
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
     pub(in super::super) unsafe fn accumulate(job: &Job<'_>, acc: &mut [Lanes]) {
         let rows = acc.len();
-        let mut c0 = 0;
-        while c0 < rows {
-            match rows - c0 {
-                4.. => tile::<4>(job, c0, acc),
-                3 => tile::<3>(job, c0, acc),
-                2 => tile::<2>(job, c0, acc),
-                _ => tile::<1>(job, c0, acc),
+        let mut wide: Wide = [0.0; WIDE_CHUNKS * PAIRS * 2 * CHUNK];
+        for chunks in sub_slices(job.chunks.clone(), WIDE_CHUNKS) {
+            widen(job, chunks.clone(), &mut wide);
+            let mut c0 = 0;
+            while c0 < rows {
+                let at = (c0, chunks.clone());
+                match rows - c0 {
+                    4.. => tile::<4>(job, at, &wide, acc),
+                    3 => tile::<3>(job, at, &wide, acc),
+                    2 => tile::<2>(job, at, &wide, acc),
+                    _ => tile::<1>(job, at, &wide, acc),
+                }
+                c0 += (rows - c0).min(4);
             }
-            c0 += (rows - c0).min(4);
         }
     }
 }
