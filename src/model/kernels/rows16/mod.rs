@@ -384,9 +384,22 @@ pub trait Format: Sized + Send + Sync + 'static {
     }
 }
 
-/// Activation bytes a pass and slice of [`Rows16Matrix::matmul_staged`] keep in the cache
-/// beside one staged slice of a group (a 2 MiB L2 holds both).
-const STAGED_PASS_BYTES: usize = 1 << 20;
+/// How [`Rows16Matrix::matmul_staged`] walks a product (see [`panel::StagedWalk`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct StagedPasses {
+    /// Activation bytes a pass and slice keep in the cache beside one staged slice of a
+    /// group.
+    pub bytes: usize,
+    /// Blocks a slice holds at least.
+    pub min_slice: usize,
+}
+
+/// 1 MiB of activations (a 2 MiB L2 holds them and a staged slice), slices of at least
+/// eight super-blocks (2048 values): a 512-row window is one pass.
+const STAGED_PASSES: StagedPasses = StagedPasses {
+    bytes: 1 << 20,
+    min_slice: 8,
+};
 
 /// A weight matrix `[n, k]` (n outputs, k inputs) of format `F`, repacked in interleaved
 /// groups of [`GROUP`] rows (the last group padded with zero rows).
@@ -456,14 +469,15 @@ impl<F: Format> Rows16Matrix<F> {
         if F::STAGED_BLOCK_BYTES > 0 && isa.min(super::isa()) >= Isa::Amx {
             // SAFETY: the process runs at the AMX level (permission held, the tile
             // instructions checked against their definitions at start-up).
-            return unsafe { self.matmul_staged(a, m, || tiles::Hardware, STAGED_PASS_BYTES) };
+            return unsafe { self.matmul_staged(a, m, || tiles::Hardware, STAGED_PASSES) };
         }
         self.matmul_prepared(a, m, kernel_at::<F>(isa))
     }
 
     /// [`Self::matmul_prepared`] through [`Format::amx_staged`], on the tiles `tiles()` gives
-    /// (the CPU's, or emulated ones in the tests), in passes of about `pass_bytes` of
-    /// activations (at least two panels).
+    /// (the CPU's, or emulated ones in the tests), in passes and slices of about
+    /// `passes.bytes` of activations (at least two panels, at least `passes.min_slice`
+    /// blocks).
     ///
     /// # Safety
     /// The CPU must support AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C, and the tiles must be
@@ -474,7 +488,7 @@ impl<F: Format> Rows16Matrix<F> {
         a: &F::Act,
         m: usize,
         tiles: impl Fn() -> T + Sync,
-        pass_bytes: usize,
+        passes: StagedPasses,
     ) -> Vec<f32> {
         let (n, k) = (self.n, self.k);
         let nb = k / F::Act::BLOCK;
@@ -486,7 +500,8 @@ impl<F: Format> Rows16Matrix<F> {
             group: GROUP,
             blocks: nb,
             block_bytes: F::Act::BLOCK,
-            pass_bytes,
+            pass_bytes: passes.bytes,
+            min_slice: passes.min_slice,
         };
         let stage = |j: usize, blocks: Range<usize>, staged: &mut Vec<u8>| {
             staged.resize(blocks.len() * F::STAGED_BLOCK_BYTES, 0);

@@ -102,13 +102,18 @@ pub(crate) fn emulated_staged_amx<F: Format>(
     {
         let a = F::Act::quantize(x, m, w.k);
         // SAFETY: AVX-512 was detected and seen to execute; the tiles are emulated.
-        let run = |pass_bytes| unsafe { w.matmul_staged(&a, m, Emulated::default, pass_bytes) };
-        let whole = run(super::STAGED_PASS_BYTES);
-        // Passes of two panels: every group staged again per pass, the same bits.
+        let run = |passes| unsafe { w.matmul_staged(&a, m, Emulated::default, passes) };
+        let whole = run(super::STAGED_PASSES);
+        // Passes of two panels and slices of one block: every group staged again per pass
+        // and slice, its accumulators carried between slices, the same bits.
+        let smallest = super::StagedPasses {
+            bytes: 0,
+            min_slice: 1,
+        };
         assert_eq!(
-            bits(&run(0)),
+            bits(&run(smallest)),
             bits(&whole),
-            "{} in passes of two panels",
+            "{} in passes of two panels and slices of one block",
             F::NAME
         );
         Some(whole)
