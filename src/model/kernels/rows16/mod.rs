@@ -18,8 +18,9 @@
 //! The K-quants' tile level is staged ([`Format::stage`], [`panel::drive_staged`]): their
 //! integer sub-block scales fold into the values as bytes (split into digits small enough),
 //! so a whole super-block's scaled sums form inside the tiles, 16 activation rows per product;
-//! the driver stages each group's values once per pass and every panel pair of the pass reads
-//! them from L1. Per-block float scales (Q8_0, Q4_0, Q4_1, Q5_0) cannot fold, so those
+//! the driver gives each thread its own groups against every activation row, stages each
+//! group's values once per slice of k, and every panel pair reads them from L1 (the float
+//! accumulators carried from slice to slice). Per-block float scales (Q8_0, Q4_0, Q4_1, Q5_0) cannot fold, so those
 //! formats multiply one job at a time ([`Format::amx`]). The shared tests
 //! (`tests.rs`) run every format on every level against an f64 reference.
 //!
