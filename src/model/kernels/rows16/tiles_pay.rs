@@ -78,8 +78,9 @@ fn time_levels<F: Format>() -> bool {
     // The staged kernels (the K-quants) keep the tiles unless VNNI times more than 10% faster:
     // they measured 1.2–1.75× VNNI on the products of an evaluation (2 threads, 512 rows, the
     // throughput tests), more than on this small product (about 1.1× for Q6_K), whose margin
-    // the host's noise flipped between processes (a 1B Q6_K model then ran its largest
-    // matrices on VNNI: 26% of the time instead of 14%). The others must time 5% faster.
+    // the host's noise flipped between processes (one 1B Q4_K_M run then spent 26% of its
+    // time in Q6_K's VNNI kernel, its logits among it, where another spent 14% in Q6_K's tile
+    // kernel). The others must time 5% faster.
     let margin = if F::STAGED_BLOCK_BYTES > 0 {
         1.0 / 1.10
     } else {
