@@ -86,6 +86,7 @@ CELLS=(
     "llama3.2-1b/q8_0 2"
     "llama3.2-1b/q4_k_m 2"
     "llama3.2-1b/q6_k 2"
+    "llama3.2-1b/q3_k 2"
     "llama3.1-8b/q4_k_m 2"
 )
 

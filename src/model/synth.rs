@@ -70,6 +70,8 @@ pub enum WeightType {
     Q5_0,
     #[value(name = "q5_1")]
     Q5_1,
+    #[value(name = "q3_k")]
+    Q3K,
     #[value(name = "q4_k")]
     Q4K,
     #[value(name = "q5_k")]
@@ -101,6 +103,7 @@ impl WeightType {
             WeightType::Q4_1 => GgmlDType::Q4_1,
             WeightType::Q5_0 => GgmlDType::Q5_0,
             WeightType::Q5_1 => GgmlDType::Q5_1,
+            WeightType::Q3K => GgmlDType::Q3K,
             WeightType::Q4K | WeightType::Q4KM => GgmlDType::Q4K,
             WeightType::Q5K => GgmlDType::Q5K,
             WeightType::Q6K => GgmlDType::Q6K,
@@ -129,6 +132,7 @@ impl WeightType {
             WeightType::Q8_0 => 7,
             WeightType::Q5_0 => 8,
             WeightType::Q5_1 => 9,
+            WeightType::Q3K => 11,
             WeightType::Q4K => 14,
             WeightType::Q4KM => 15,
             WeightType::Q5K => 16,

@@ -7,8 +7,8 @@
 //! The level ([`isa`]) is what CPUID advertises, confirmed by executing the instructions in a
 //! child process (some machines advertise AVX-512 that traps), capped by `PPL_ISA`.
 //!
-//! - [`rows16`] (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 × Q8_0/Q8_1; Q4_K, Q5_K, Q6_K × Q8_K): one driver generic
-//!   over the block format; the weights repacked at load into interleaved groups of sixteen
+//! - [`rows16`] (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 × Q8_0/Q8_1; Q3_K, Q4_K, Q5_K, Q6_K × Q8_K): one
+//!   driver generic over the block format; the weights repacked at load into interleaved groups of sixteen
 //!   rows, one 32-bit lane (or tile column) per output, on [`panel`]'s panels of eight
 //!   activation rows (quantized as llama.cpp's CPU backend does, blocked for L2); the AMX level
 //!   multiplies on the tile unit ([`rows16::tiles`]). candle's Q4_1 and Q5_0 products are
@@ -114,7 +114,7 @@ pub fn own_matrix(
     let m = match dtype {
         // ggml writes K-quants only for rows that are a multiple of 256; other shapes stay with
         // candle, whose verdict on them stands.
-        GgmlDType::Q4K | GgmlDType::Q5K | GgmlDType::Q6K
+        GgmlDType::Q3K | GgmlDType::Q4K | GgmlDType::Q5K | GgmlDType::Q6K
             if k == 0 || !k.is_multiple_of(kquant::QK_K) =>
         {
             return None
@@ -122,6 +122,7 @@ pub fn own_matrix(
         GgmlDType::Q4K => boxed(rows16::q4k::Q4KRows16::from_bytes(bytes, n, k)),
         GgmlDType::Q5K => boxed(rows16::q4k::Q5KRows16::from_bytes(bytes, n, k)),
         GgmlDType::Q6K => boxed(rows16::q6k::Q6KRows16::from_bytes(bytes, n, k)),
+        GgmlDType::Q3K => boxed(rows16::q3k::Q3KRows16::from_bytes(bytes, n, k)),
         GgmlDType::Q4_1 => boxed(rows16::q4::Q4_1Rows16::from_bytes(bytes, n, k)),
         GgmlDType::Q5_0 => boxed(rows16::q8_0::Q5_0Rows16::from_bytes(bytes, n, k)),
         GgmlDType::Q5_1 => boxed(rows16::q8_0::Q5_1Rows16::from_bytes(bytes, n, k)),

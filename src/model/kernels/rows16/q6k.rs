@@ -1,4 +1,7 @@
-//! Q6_K weights repacked at load into interleaved groups of [`GROUP`] rows, × Q8_K activations.
+//! Q6_K weights repacked at load into interleaved groups of [`GROUP`] rows, × Q8_K activations;
+//! and the kernels of every format of sixteen 16-value sub-blocks with signed byte scales and
+//! no mins ([`SixteenSubBlocks`]: Q6_K here, Q3_K in [`super::q3k`]), which differ only in
+//! where their unsigned values lie and their offset ([`SubBlockValues`]).
 //!
 //! Why: the panel kernel this replaced (since removed) decoded a super-block of one weight
 //! row and met eight activation rows with it, every product of a row landing in the lanes of its own
@@ -26,6 +29,8 @@
 //! scales' base-7 digits folded into staged values, a super-block's scaled sums formed in the
 //! tiles: `x86::run_amx`) and the portable one give the same bits.
 
+use std::marker::PhantomData;
+
 use half::f16;
 
 use super::{decoded_blocks, dot_i8, lane_f16, Format, GroupOut, Job, Rows16Matrix, GROUP};
@@ -34,13 +39,18 @@ use crate::model::kernels::kquant::q8k::{Q8KPanel, Q8KPanels};
 use crate::model::kernels::kquant::{SuperBlock, QK_K};
 use crate::model::kernels::panel::PANEL;
 
-/// Bytes of one super-block of a group.
-const GROUP_BLOCK_BYTES: usize = GROUP * Q6KBlock::FILE_BYTES;
-/// Offset of the scales in a group's super-block.
-const SCALES: usize = 2 * GROUP;
-/// Offset of the low four bits.
-const NIBBLES: usize = SCALES + 16 * GROUP;
-/// Offset of the top two bits.
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::{__m256i, __m512i};
+
+/// Offset of the scales in a group's super-block (after the sixteen f16 `d`): sub-block `s`
+/// at `SCALES + 16s`, row `j`'s signed byte at `j`. Every [`SubBlockValues`] format's values
+/// follow at [`VALUES`].
+pub(crate) const SCALES: usize = 2 * GROUP;
+/// Offset of a format's values in a group's super-block.
+pub(crate) const VALUES: usize = SCALES + 16 * GROUP;
+/// Offset of Q6_K's low four bits.
+const NIBBLES: usize = VALUES;
+/// Offset of Q6_K's top two bits.
 const HIGH: usize = NIBBLES + 32 * 64;
 /// Sub-blocks of 16 values per super-block.
 const SUB_BLOCKS: usize = QK_K / 16;
@@ -48,14 +58,66 @@ const SUB_BLOCKS: usize = QK_K / 16;
 /// values times each of their scales' three base-7 digits, as bytes.
 const STAGED_BYTES: usize = QK_K / 64 * 3 * 16 * 64;
 
+/// What a format of sixteen 16-value sub-blocks, one signed byte scale each and an f16 `d`
+/// per super-block (value `d·scale·q`), supplies to [`SixteenSubBlocks`]: its values, stored
+/// unsigned as `u = q + 2^OFFSET_BITS` from [`VALUES`] on in a layout of its own, and the
+/// repacking of its file blocks. Everything else — the kernels of every level, the offsets
+/// through the activation sums, the tile staging — is shared.
+pub trait SubBlockValues: Send + Sync + 'static {
+    /// The format's name, as GGUF spells it.
+    const NAME: &'static str;
+    /// Bytes of one super-block in a GGUF file.
+    const FILE_BLOCK_BYTES: usize;
+    /// Bytes of one super-block of a group: `d`, scales, values.
+    const GROUP_BLOCK_BYTES: usize;
+    /// `q = u − 2^OFFSET_BITS`.
+    const OFFSET_BITS: u32;
+
+    /// Writes one row's file super-block into lane `lane` of a group's super-block: its f16
+    /// `d` at `2·lane`, its scales at `SCALES + 16s + lane`, its values.
+    fn pack(file: &[u8], dst: &mut [u8], lane: usize);
+
+    /// The unsigned value `u` of value `e` of lane `lane` in a group's super-block.
+    fn value(src: &[u8], lane: usize, e: usize) -> u8;
+
+    /// Sub-block `s`'s values of rows `8·half..8·half + 8` as bytes: register `t` holds values
+    /// `16s + 4t..16s + 4t + 4` of each row (bytes `4j..4j + 4`: row `8·half + j`).
+    ///
+    /// # Safety
+    /// The CPU must support AVX2; `src` is a group's super-block.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn values_avx2(src: *const u8, s: usize, half: usize) -> [__m256i; 4];
+
+    /// Sub-block `s`'s values of the sixteen rows, as [`SubBlockValues::values_avx2`] (row
+    /// `j` in bytes `4j..4j + 4`): by default its two halves side by side, the unpacking the
+    /// AVX2 level runs (a format may unpack all sixteen rows at once instead, as Q6_K does).
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512 F/BW; `src` is a group's super-block.
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx2")]
+    unsafe fn values_avx512(src: *const u8, s: usize) -> [__m512i; 4] {
+        use std::arch::x86_64::{_mm512_castsi256_si512, _mm512_inserti64x4};
+        let (low, high) = (Self::values_avx2(src, s, 0), Self::values_avx2(src, s, 1));
+        std::array::from_fn(|t| _mm512_inserti64x4::<1>(_mm512_castsi256_si512(low[t]), high[t]))
+    }
+}
+
+/// The interleaved-rows format of a [`SubBlockValues`] layout.
+pub struct SixteenSubBlocks<V>(PhantomData<V>);
+
+/// The Q6_K values: a nibble and two top bits.
+pub struct Q6KValues;
+
 /// The Q6_K format of the interleaved-rows driver.
-pub struct Q6K;
+pub type Q6K = SixteenSubBlocks<Q6KValues>;
 
 /// A Q6_K weight matrix `[n, k]`, repacked in interleaved groups of [`GROUP`] rows: 210 bytes
 /// per super-block, as in the file (plus the last group's padding rows).
 pub type Q6KRows16 = Rows16Matrix<Q6K>;
 
-/// A job of this format.
+/// A job of these formats.
 pub(crate) type Q6KJob<'a> = Job<'a, Q8KPanel<'a>>;
 
 /// Where the four low bits (byte, high nibble?) and the two top bits (byte, shift) of value
@@ -112,7 +174,7 @@ fn pack_super_block(file: &[u8], dst: &mut [u8], lane: usize) {
 }
 
 /// The unsigned 6-bit value (0..64) of value `e` of lane `lane` in a group's super-block.
-fn value(src: &[u8], lane: usize, e: usize) -> u8 {
+fn q6k_value(src: &[u8], lane: usize, e: usize) -> u8 {
     let ((nibble, upper), (high, shift)) = value_place(lane, e);
     let low = if upper {
         src[nibble] >> 4
@@ -122,70 +184,107 @@ fn value(src: &[u8], lane: usize, e: usize) -> u8 {
     low | (((src[high] >> shift) & 3) << 4)
 }
 
-impl Format for Q6K {
-    type Act = Q8KPanels;
+impl SubBlockValues for Q6KValues {
     const NAME: &'static str = "Q6_K";
     const FILE_BLOCK_BYTES: usize = Q6KBlock::FILE_BYTES;
-    const GROUP_BLOCK_BYTES: usize = GROUP_BLOCK_BYTES;
+    const GROUP_BLOCK_BYTES: usize = GROUP * Q6KBlock::FILE_BYTES;
+    const OFFSET_BITS: u32 = 5;
 
     fn pack(file: &[u8], dst: &mut [u8], lane: usize) {
         pack_super_block(file, dst, lane)
     }
 
-    /// The numbers and float operations of ggml's (and candle's) Q6_K dequantization,
-    /// `d·scale·(q − 32)`.
+    fn value(src: &[u8], lane: usize, e: usize) -> u8 {
+        q6k_value(src, lane, e)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn values_avx2(src: *const u8, s: usize, half: usize) -> [__m256i; 4] {
+        x86::q6k_values_avx2(src, s, half)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn values_avx512(src: *const u8, s: usize) -> [__m512i; 4] {
+        x86::q6k_values_avx512(src, s)
+    }
+}
+
+impl<V: SubBlockValues> Format for SixteenSubBlocks<V> {
+    type Act = Q8KPanels;
+    const NAME: &'static str = V::NAME;
+    const FILE_BLOCK_BYTES: usize = V::FILE_BLOCK_BYTES;
+    const GROUP_BLOCK_BYTES: usize = V::GROUP_BLOCK_BYTES;
+
+    fn pack(file: &[u8], dst: &mut [u8], lane: usize) {
+        V::pack(file, dst, lane)
+    }
+
+    /// The numbers and float operations of ggml's (and candle's) Q6_K and Q3_K
+    /// dequantization, `(d·scale)·q`.
     fn dequantize(src: &[u8], lane: usize, out: &mut [f32]) {
         let d = f16::from_le_bytes([src[2 * lane], src[2 * lane + 1]]).to_f32();
+        let offset = 1i32 << V::OFFSET_BITS;
         for (e, o) in out.iter_mut().enumerate() {
             let scale = src[SCALES + 16 * (e / 16) + lane] as i8;
-            let q = value(src, lane, e) as i8 - 32;
+            let q = V::value(src, lane, e) as i32 - offset;
             *o = d * scale as f32 * q as f32;
         }
     }
 
     fn portable(job: &Q6KJob<'_>) -> GroupOut {
         let mut acc = [[0f32; GROUP]; PANEL];
-        // Values 0..63 less 32: signed bytes.
+        // The unsigned values less their offset: signed bytes.
+        let offset = 1i32 << V::OFFSET_BITS;
         let decode = |src: &[u8], lane: usize, w: &mut [i8; QK_K]| {
             for (e, w) in w.iter_mut().enumerate() {
-                *w = value(src, lane, e) as i8 - 32;
+                *w = (V::value(src, lane, e) as i32 - offset) as i8;
             }
         };
-        decoded_blocks(job.group, job.nb, GROUP_BLOCK_BYTES, decode, |b, src, w| {
-            for (lane, w) in w.iter().enumerate() {
-                let d = lane_f16(src, 0, lane);
-                for (r, acc) in acc.iter_mut().enumerate() {
-                    let acc = &mut acc[lane];
-                    let (qa, da) = (&job.a.qs[b * PANEL + r], job.a.d[b * PANEL + r]);
-                    let mut sum = 0i32;
-                    for s in 0..SUB_BLOCKS {
-                        let scale = src[SCALES + 16 * s + lane] as i8 as i32;
-                        sum += scale * dot_i8(&w[16 * s..][..16], &qa[16 * s..][..16]);
+        decoded_blocks(
+            job.group,
+            job.nb,
+            V::GROUP_BLOCK_BYTES,
+            decode,
+            |b, src, w| {
+                for (lane, w) in w.iter().enumerate() {
+                    let d = lane_f16(src, 0, lane);
+                    for (r, acc) in acc.iter_mut().enumerate() {
+                        let acc = &mut acc[lane];
+                        let (qa, da) = (&job.a.qs[b * PANEL + r], job.a.d[b * PANEL + r]);
+                        let mut sum = 0i32;
+                        for s in 0..SUB_BLOCKS {
+                            let scale = src[SCALES + 16 * s + lane] as i8 as i32;
+                            sum += scale * dot_i8(&w[16 * s..][..16], &qa[16 * s..][..16]);
+                        }
+                        *acc = (d * da).mul_add(sum as f32, *acc);
                     }
-                    *acc = (d * da).mul_add(sum as f32, *acc);
                 }
-            }
-        });
+            },
+        );
         acc
     }
 
     #[cfg(target_arch = "x86_64")]
     unsafe fn avx2(job: &Q6KJob<'_>) -> GroupOut {
-        x86::group_avx2(job)
+        x86::group_avx2::<V>(job)
     }
 
     #[cfg(target_arch = "x86_64")]
     unsafe fn avx512(job: &Q6KJob<'_>) -> GroupOut {
-        x86::group_avx512(job)
+        x86::group_avx512::<V>(job)
     }
 
-    /// The i8 scales, as three balanced base-7 digits, fold into the values `q − 32` as
-    /// signed bytes, so a super-block's scaled sums form in the tiles.
+    /// The i8 scales, as three balanced base-7 digits, fold into the values `q` as signed
+    /// bytes, so a super-block's scaled sums form in the tiles.
     const STAGED_BLOCK_BYTES: usize = STAGED_BYTES;
 
     #[cfg(target_arch = "x86_64")]
     unsafe fn stage(group: &[u8], nb: usize, blocks: std::ops::Range<usize>, staged: &mut [u8]) {
-        x86::stage_scale_digits(group, nb, blocks, staged)
+        x86::stage_scale_digits::<V>(group, nb, blocks, staged)
     }
 
     #[cfg(target_arch = "x86_64")]
@@ -199,7 +298,7 @@ impl Format for Q6K {
         job: &super::StagedJob<'_, Q8KPanel<'_>>,
         acc: &mut [super::StagedAcc],
     ) {
-        x86::run_amx(tiles, job, acc)
+        x86::run_amx::<T, V>(tiles, job, acc)
     }
 
     #[cfg(target_arch = "x86_64")]

@@ -1,13 +1,15 @@
-//! The x86 micro-kernels of [`super`]: one 32-bit lane per weight row of the group, so each
-//! output's sub-block sums form in its own lane; the same exact integers and the same float
-//! operations per output as [`super::group_portable`].
+//! The x86 micro-kernels of [`super`], generic over the values' layout
+//! ([`SubBlockValues`]): one 32-bit lane per weight row of the group, so each output's
+//! sub-block sums form in its own lane; the same exact integers and the same float operations
+//! per output as the portable kernel. Q6_K's values are unpacked here too
+//! ([`q6k_values_avx2`], [`q6k_values_avx512`]).
 
 use super::super::shared_x86::{self as shared, AVX2_ROWS as ROWS};
 use super::super::shared_x86::{assert_pairs, load_acc, pair_block, store_acc};
 use super::super::shared_x86::{pipeline_units, PairSums, FULL_TILES, STAGED_TILE};
 use super::super::tiles::Tiles;
 use super::super::{StagedAcc, StagedJob};
-use super::{GroupOut, Q6KJob, GROUP_BLOCK_BYTES, HIGH, NIBBLES, SCALES, STAGED_BYTES, SUB_BLOCKS};
+use super::{GroupOut, Q6KJob, SubBlockValues, HIGH, NIBBLES, SCALES, STAGED_BYTES, SUB_BLOCKS};
 use crate::model::kernels::kquant::q8k::Q8KPanel;
 use crate::model::kernels::kquant::QK_K;
 use crate::model::kernels::panel::PANEL;
@@ -24,29 +26,36 @@ unsafe fn activation_word(job: &Q6KJob<'_>, i: usize, at: usize) -> i32 {
         .read_unaligned()
 }
 
-/// Every sub-block's offset, `−32·bsum` (the −32 of the values through the activation sum),
-/// of super-block `b` for the panel's rows, `[row][sub-block]`:
+/// Every sub-block's offset, `−2^OFFSET_BITS·bsum` (the values' offset through the activation
+/// sum), of super-block `b` for the panel's rows, `[row][sub-block]`:
 /// made once per super-block in vector registers, so that the sub-block loop starts each sum
 /// with a broadcast from memory (a load, not a vector-port operation and three scalar ones).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn sub_block_offsets(job: &Q6KJob<'_>, b: usize) -> [[i32; SUB_BLOCKS]; PANEL] {
+unsafe fn sub_block_offsets<V: SubBlockValues>(
+    job: &Q6KJob<'_>,
+    b: usize,
+) -> [[i32; SUB_BLOCKS]; PANEL] {
     let mut offsets = [[0i32; SUB_BLOCKS]; PANEL];
+    let count = _mm_cvtsi32_si128(V::OFFSET_BITS as i32);
     for (r, o) in offsets.iter_mut().enumerate() {
         let bsums = job.a.bsums.get_unchecked(b * PANEL + r);
         let wide = _mm512_cvtepi16_epi32(_mm256_loadu_si256(bsums.as_ptr() as *const __m256i));
-        let minus_32 = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32::<5>(wide));
-        _mm512_storeu_si512(o.as_mut_ptr() as *mut _, minus_32);
+        let minus = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_sll_epi32(wide, count));
+        _mm512_storeu_si512(o.as_mut_ptr() as *mut _, minus);
     }
     offsets
 }
 
-/// Sub-block `s`'s sixteen rows of 6-bit values as bytes: register `t` holds values
+/// Sub-block `s`'s sixteen rows of Q6_K's 6-bit values as bytes: register `t` holds values
 /// `16s + 4t..16s + 4t + 4` of every row (lane `j`: row `j`); 16-bit shifts, whatever crosses
 /// a byte boundary is masked off.
+///
+/// # Safety
+/// The CPU must support AVX-512 F/BW; `src` is a Q6_K group's super-block.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn sub_block_values(src: *const u8, s: usize) -> [__m512i; 4] {
+pub(super) unsafe fn q6k_values_avx512(src: *const u8, s: usize) -> [__m512i; 4] {
     let (low, top) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0x30));
     let n0 = _mm512_loadu_si512(src.add(NIBBLES + 128 * s) as *const _);
     let n1 = _mm512_loadu_si512(src.add(NIBBLES + 128 * s + 64) as *const _);
@@ -77,14 +86,14 @@ unsafe fn sub_block_values(src: *const u8, s: usize) -> [__m512i; 4] {
 /// The CPU must support AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C; the job's lengths were
 /// checked by the caller.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(super) unsafe fn group_avx512(job: &Q6KJob<'_>) -> GroupOut {
+pub(super) unsafe fn group_avx512<V: SubBlockValues>(job: &Q6KJob<'_>) -> GroupOut {
     let mut acc = [_mm512_setzero_ps(); PANEL];
     for b in 0..job.nb {
-        let src = job.group.as_ptr().add(b * GROUP_BLOCK_BYTES);
+        let src = job.group.as_ptr().add(b * V::GROUP_BLOCK_BYTES);
         let mut sums = [_mm512_setzero_si512(); PANEL];
-        let offsets = sub_block_offsets(job, b);
+        let offsets = sub_block_offsets::<V>(job, b);
         for s in 0..SUB_BLOCKS {
-            let w = sub_block_values(src, s);
+            let w = V::values_avx512(src, s);
             let scale = _mm512_cvtepi8_epi32(_mm_loadu_si128(src.add(SCALES + 16 * s) as *const _));
             for (r, sum) in sums.iter_mut().enumerate() {
                 let i = b * PANEL + r;
@@ -120,53 +129,30 @@ unsafe fn accumulate_super_block(
 }
 
 /// Eight weight rows per 256-bit register (the group in two halves), four panel rows per
-/// pass. `maddubs` forms each lane's two pairs of products per step (6-bit value times
-/// activation), two steps are added in 16 bits (a pair is at most 2·63·128 = 16128, two of
-/// them 32256 < 2¹⁵: exact), and `madd` against the rows' scales (each 32-bit lane the scale
-/// twice) widens and scales them at once. The values' −32 offset is kept out of the sub-block
-/// loop: `−32·Σ_s scale_s·bsum_s` per super-block, two sub-blocks per `madd`
-/// ([`offsets_avx2`]). The same integer sum per super-block as the other levels (no partial
+/// pass. `maddubs` forms each lane's two pairs of products per step (unsigned value, at most
+/// 63, times activation), two steps are added in 16 bits (a pair is at most 2·63·128 = 16128,
+/// two of them 32256 < 2¹⁵: exact), and `madd` against the rows' scales (each 32-bit lane the
+/// scale twice) widens and scales them at once. The values' offset is kept out of the
+/// sub-block loop: `−2^OFFSET_BITS·Σ_s scale_s·bsum_s` per super-block, two sub-blocks per
+/// `madd` ([`offsets_avx2`]). The same integer sum per super-block as the other levels (no partial
 /// sum comes near 2³¹), with a third of the multiplies of a `madd` per step and a `mullo` per
 /// sub-block.
 ///
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C; the job's lengths were checked by the caller.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn group_avx2(job: &Q6KJob<'_>) -> GroupOut {
-    let low = _mm256_set1_epi8(0x0F);
-    let top = _mm256_set1_epi8(0x30);
+pub(super) unsafe fn group_avx2<V: SubBlockValues>(job: &Q6KJob<'_>) -> GroupOut {
     shared::passes_avx2(|half, r0| {
         let mut acc = [_mm256_setzero_ps(); ROWS];
         for b in 0..job.nb {
-            let src = job.group.as_ptr().add(b * GROUP_BLOCK_BYTES);
+            let src = job.group.as_ptr().add(b * V::GROUP_BLOCK_BYTES);
             let pairs = scale_pairs_avx2(src, half);
             let mut sums = [_mm256_setzero_si256(); ROWS];
             for (dr, sum) in sums.iter_mut().enumerate() {
-                *sum = offsets_avx2(job, &pairs, b * PANEL + r0 + dr);
+                *sum = offsets_avx2::<V>(job, &pairs, b * PANEL + r0 + dr);
             }
             for s in 0..SUB_BLOCKS {
-                let at = |offset: usize| src.add(offset + 32 * half) as *const __m256i;
-                let n0 = _mm256_loadu_si256(at(NIBBLES + 128 * s));
-                let n1 = _mm256_loadu_si256(at(NIBBLES + 128 * s + 64));
-                let h = _mm256_loadu_si256(at(HIGH + 64 * s));
-                let w = [
-                    _mm256_or_si256(
-                        _mm256_and_si256(n0, low),
-                        _mm256_and_si256(_mm256_slli_epi16::<4>(h), top),
-                    ),
-                    _mm256_or_si256(
-                        _mm256_and_si256(n1, low),
-                        _mm256_and_si256(_mm256_slli_epi16::<2>(h), top),
-                    ),
-                    _mm256_or_si256(
-                        _mm256_and_si256(_mm256_srli_epi16::<4>(n0), low),
-                        _mm256_and_si256(h, top),
-                    ),
-                    _mm256_or_si256(
-                        _mm256_and_si256(_mm256_srli_epi16::<4>(n1), low),
-                        _mm256_and_si256(_mm256_srli_epi16::<2>(h), top),
-                    ),
-                ];
+                let w = V::values_avx2(src, s, half);
                 let scale = scales_twice_avx2(src.add(SCALES + 16 * s + 8 * half));
                 for (dr, sum) in sums.iter_mut().enumerate() {
                     let i = b * PANEL + r0 + dr;
@@ -220,25 +206,63 @@ unsafe fn scale_pairs_avx2(src: *const u8, half: usize) -> [__m256i; SUB_BLOCKS 
     })
 }
 
-/// The −32 offset of a super-block's values for panel entry `i`, in the lanes of `pairs`
-/// ([`scale_pairs_avx2`]): `−32·Σ_s scale_s·bsum_s`, two sub-blocks per `madd` (a lane's scale
-/// pair against the entry's two activation sums; |scale·bsum| ≤ 128·16·128, far from
-/// overflow).
+/// The offset of a super-block's values for panel entry `i`, in the lanes of `pairs`
+/// ([`scale_pairs_avx2`]): `−2^OFFSET_BITS·Σ_s scale_s·bsum_s`, two sub-blocks per `madd` (a
+/// lane's scale pair against the entry's two activation sums; |scale·bsum| ≤ 128·16·128, far
+/// from overflow).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn offsets_avx2(job: &Q6KJob<'_>, pairs: &[__m256i; SUB_BLOCKS / 2], i: usize) -> __m256i {
+unsafe fn offsets_avx2<V: SubBlockValues>(
+    job: &Q6KJob<'_>,
+    pairs: &[__m256i; SUB_BLOCKS / 2],
+    i: usize,
+) -> __m256i {
     let bsums = job.a.bsums.get_unchecked(i).as_ptr();
     let mut total = _mm256_setzero_si256();
     for (t, pair) in pairs.iter().enumerate() {
         let a = _mm256_set1_epi32(bsums.add(2 * t).cast::<i32>().read_unaligned());
         total = _mm256_add_epi32(total, _mm256_madd_epi16(*pair, a));
     }
-    _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32::<5>(total))
+    let count = _mm_cvtsi32_si128(V::OFFSET_BITS as i32);
+    _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_sll_epi32(total, count))
+}
+
+/// Sub-block `s`'s Q6_K values of rows `8·half..8·half + 8` as bytes (as
+/// [`q6k_values_avx512`], half the rows).
+///
+/// # Safety
+/// The CPU must support AVX2; `src` is a Q6_K group's super-block.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn q6k_values_avx2(src: *const u8, s: usize, half: usize) -> [__m256i; 4] {
+    let (low, top) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
+    let at = |offset: usize| src.add(offset + 32 * half) as *const __m256i;
+    let n0 = _mm256_loadu_si256(at(NIBBLES + 128 * s));
+    let n1 = _mm256_loadu_si256(at(NIBBLES + 128 * s + 64));
+    let h = _mm256_loadu_si256(at(HIGH + 64 * s));
+    [
+        _mm256_or_si256(
+            _mm256_and_si256(n0, low),
+            _mm256_and_si256(_mm256_slli_epi16::<4>(h), top),
+        ),
+        _mm256_or_si256(
+            _mm256_and_si256(n1, low),
+            _mm256_and_si256(_mm256_slli_epi16::<2>(h), top),
+        ),
+        _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi16::<4>(n0), low),
+            _mm256_and_si256(h, top),
+        ),
+        _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi16::<4>(n1), low),
+            _mm256_and_si256(_mm256_srli_epi16::<2>(h), top),
+        ),
+    ]
 }
 
 /// Base of the scales' digits in the staged layout: `scale = d₀ + 7·d₁ + 49·d₂` with each
-/// digit in −3..=3 (balanced base 7 reaches ±171, every i8), so a digit times a value
-/// `q − 32` (−32..=31) is at most 96 in magnitude: a signed byte.
+/// digit in −3..=3 (balanced base 7 reaches ±171, every i8), so a digit times a value `q`
+/// (Q6_K's −32..=31, Q3_K's −4..=3) is at most 96 in magnitude: a signed byte.
 const DIGIT_BASE: i32 = 7;
 
 /// The three balanced base-7 digits of sixteen i8 scales (at `src`), each digit in both 16-bit
@@ -273,8 +297,8 @@ pub(super) unsafe fn scale_digits(src: *const u8) -> [__m512i; 3] {
     [digit(x, x1), digit(x1, x2), _mm512_sub_epi32(x2, three)].map(in_both_halves)
 }
 
-/// Stages a Q6_K group for [`run_amx`]: per super-block and 64-value chunk `c` (sub-blocks
-/// `4c..4c + 4`), three tiles, the values `q − 32` times digit `i` of their sub-block's scale
+/// Stages a group for [`run_amx`]: per super-block and 64-value chunk `c` (sub-blocks
+/// `4c..4c + 4`), three tiles, the values `q` times digit `i` of their sub-block's scale
 /// ([`scale_digits`]), as signed bytes; row `4h + t` of a tile holds values `4t..4t + 4` of
 /// sub-block `4c + h` of each weight row (bytes `4j..4j + 4`: row `j`), the tile's layout.
 /// The products are formed per 16-bit lane on the sign-extended even and odd bytes.
@@ -282,23 +306,24 @@ pub(super) unsafe fn scale_digits(src: *const u8) -> [__m512i; 3] {
 /// # Safety
 /// The CPU must support AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(super) unsafe fn stage_scale_digits(
+pub(super) unsafe fn stage_scale_digits<V: SubBlockValues>(
     group: &[u8],
     nb: usize,
     blocks: Range<usize>,
     staged: &mut [u8],
 ) {
-    assert!(group.len() >= nb * GROUP_BLOCK_BYTES && blocks.end <= nb);
+    assert!(group.len() >= nb * V::GROUP_BLOCK_BYTES && blocks.end <= nb);
     assert!(staged.len() >= blocks.len() * STAGED_BYTES);
-    let (bias, low_byte) = (_mm512_set1_epi8(32), _mm512_set1_epi16(0x00FF));
+    let bias = _mm512_set1_epi8(1 << V::OFFSET_BITS);
+    let low_byte = _mm512_set1_epi16(0x00FF);
     for (i, b) in blocks.enumerate() {
-        let src = group.as_ptr().add(b * GROUP_BLOCK_BYTES);
+        let src = group.as_ptr().add(b * V::GROUP_BLOCK_BYTES);
         for s in 0..SUB_BLOCKS {
             let digits = scale_digits(src.add(SCALES + 16 * s));
             let tiles = staged
                 .as_mut_ptr()
                 .add(i * STAGED_BYTES + (s / 4) * 3 * STAGED_TILE);
-            for (t, q) in sub_block_values(src, s).into_iter().enumerate() {
+            for (t, q) in V::values_avx512(src, s).into_iter().enumerate() {
                 let v = _mm512_sub_epi8(q, bias);
                 let even = _mm512_srai_epi16::<8>(_mm512_slli_epi16::<8>(v));
                 let odd = _mm512_srai_epi16::<8>(v);
@@ -314,20 +339,20 @@ pub(super) unsafe fn stage_scale_digits(
     }
 }
 
-/// A run of panels against a staged Q6_K group ([`stage_scale_digits`]) and their staged
+/// A run of panels against a staged group ([`stage_scale_digits`]) and their staged
 /// activations ([`stage_pairs`](super::super::shared_x86::stage_pairs)): super-block by
 /// super-block (its staged 12 KiB stay in L1 while every pair of the run passes), per pair of
 /// panels, four chunks of 64 values, each one `A` load, three `B` loads and three full
 /// 16 × 64 × 16 `tdpbssd`, so the three digit sums of the whole super-block form in the tiles
 /// and leave them once; `d₀ + 7·d₁ + 49·d₂` is then the AVX-512 path's exact
-/// `Σ_s scale_s·Σ_e (q_e − 32)·a_e`, and the float step is its own. Each unit's vector work is
+/// `Σ_s scale_s·Σ_e q_e·a_e`, and the float step is its own. Each unit's vector work is
 /// issued after the next unit's tile products.
 ///
 /// # Safety
 /// As [`group_avx512`], `tiles` must be usable (see [`Tiles`]) and `job.staged` and
 /// `job.pairs` written for this job.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(super) unsafe fn run_amx<T: Tiles>(
+pub(super) unsafe fn run_amx<T: Tiles, V: SubBlockValues>(
     tiles: &mut T,
     job: &StagedJob<'_, Q8KPanel<'_>>,
     accumulators: &mut [StagedAcc],
@@ -367,7 +392,7 @@ pub(super) unsafe fn run_amx<T: Tiles>(
         }
     };
     let consume = |b: usize, q: usize, [d0, d1, d2]: &[PairSums; 3]| {
-        let src = job.group.as_ptr().add(b * GROUP_BLOCK_BYTES);
+        let src = job.group.as_ptr().add(b * V::GROUP_BLOCK_BYTES);
         let pair = 2 * q..(2 * q + 2).min(job.panels.len());
         let (seven, forty_nine) = (_mm512_set1_epi32(DIGIT_BASE), _mm512_set1_epi32(49));
         for (half, (&a, acc)) in job.panels[pair.clone()]
@@ -400,7 +425,7 @@ pub(super) unsafe fn run_amx<T: Tiles>(
         |b, q| [activations_of(b, q)],
         consume,
     );
-    // Only the first half: Q6_K has no minima.
+    // Only the first half: these formats have no minima.
     let unused = [_mm512_setzero_ps(); PANEL];
     for (sums, acc) in acc.iter().zip(accumulators) {
         store_acc(&[*sums, unused], acc);

@@ -97,10 +97,10 @@ fn time_levels<F: Format>() -> bool {
 /// For `ppl validate` and results.json: the formats whose products use the tile unit here,
 /// and those that stay on AVX-512 VNNI (timed faster), e.g. `tiles: Q8_0 Q5_1; VNNI: Q4_0`.
 pub fn summary() -> String {
-    use super::{q4, q4k, q6k, q8_0};
+    use super::{q3k, q4, q4k, q6k, q8_0};
     /// A format's name and its choice.
     type Choice = (&'static str, fn() -> bool);
-    let formats: [Choice; 8] = [
+    let formats: [Choice; 9] = [
         (q8_0::Q8_0::NAME, tiles_pay::<q8_0::Q8_0>),
         (q8_0::Q5_0::NAME, tiles_pay::<q8_0::Q5_0>),
         (q8_0::Q5_1::NAME, tiles_pay::<q8_0::Q5_1>),
@@ -109,6 +109,7 @@ pub fn summary() -> String {
         (q4k::Q4K::NAME, tiles_pay::<q4k::Q4K>),
         (q4k::Q5K::NAME, tiles_pay::<q4k::Q5K>),
         (q6k::Q6K::NAME, tiles_pay::<q6k::Q6K>),
+        (q3k::Q3K::NAME, tiles_pay::<q3k::Q3K>),
     ];
     let (tiles, vnni): (Vec<_>, Vec<_>) = formats.iter().partition(|(_, pays)| pays());
     let names = |list: Vec<&Choice>| {
