@@ -60,6 +60,8 @@ impl SubBlockValues for Q3KValues {
     const FILE_BLOCK_BYTES: usize = Q3KBlock::FILE_BYTES;
     const GROUP_BLOCK_BYTES: usize = HIGH + 8 * 64;
     const OFFSET_BITS: u32 = 2;
+    /// All four: 4 · 2 · 7 · 128 = 7168, a `madd` per sub-block instead of two.
+    const STEPS_IN_16_BITS: usize = 4;
 
     /// By structure, sixteen values at a time: sub-block `s = 8n + 2j + r` holds values
     /// `128n + 32j + 16r + i` (i < 16), whose low bits are bits `2j` of the sixteen `qs`

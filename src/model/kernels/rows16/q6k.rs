@@ -72,6 +72,10 @@ pub trait SubBlockValues: Send + Sync + 'static {
     const GROUP_BLOCK_BYTES: usize;
     /// `q = u − 2^OFFSET_BITS`.
     const OFFSET_BITS: u32;
+    /// How many `maddubs` steps of the AVX2 kernel (each lane's two products of a value and
+    /// a signed activation byte, |a| ≤ 128) are added in 16 bits before one `madd` widens
+    /// them: `steps · 2 · max u · 128 < 2¹⁵`, and a divisor of a sub-block's four steps.
+    const STEPS_IN_16_BITS: usize;
 
     /// Writes one row's file super-block into lane `lane` of a group's super-block: its f16
     /// `d` at `2·lane`, its scales at `SCALES + 16s + lane`, its values.
@@ -189,6 +193,8 @@ impl SubBlockValues for Q6KValues {
     const FILE_BLOCK_BYTES: usize = Q6KBlock::FILE_BYTES;
     const GROUP_BLOCK_BYTES: usize = GROUP * Q6KBlock::FILE_BYTES;
     const OFFSET_BITS: u32 = 5;
+    /// 2 · 2 · 63 · 128 = 32256.
+    const STEPS_IN_16_BITS: usize = 2;
 
     fn pack(file: &[u8], dst: &mut [u8], lane: usize) {
         pack_super_block(file, dst, lane)

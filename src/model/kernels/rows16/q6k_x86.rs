@@ -129,10 +129,11 @@ unsafe fn accumulate_super_block(
 }
 
 /// Eight weight rows per 256-bit register (the group in two halves), four panel rows per
-/// pass. `maddubs` forms each lane's two pairs of products per step (unsigned value, at most
-/// 63, times activation), two steps are added in 16 bits (a pair is at most 2·63·128 = 16128,
-/// two of them 32256 < 2¹⁵: exact), and `madd` against the rows' scales (each 32-bit lane the
-/// scale twice) widens and scales them at once. The values' offset is kept out of the
+/// pass. `maddubs` forms each lane's two pairs of products per step (unsigned value times
+/// activation), [`SubBlockValues::STEPS_IN_16_BITS`] steps are added in 16 bits (Q6_K two: a
+/// pair is at most 2·63·128 = 16128, two of them 32256 < 2¹⁵; Q3_K all four: 4·2·7·128 =
+/// 7168), and `madd` against the rows' scales (each 32-bit lane the scale twice) widens and
+/// scales them at once. The values' offset is kept out of the
 /// sub-block loop: `−2^OFFSET_BITS·Σ_s scale_s·bsum_s` per super-block, two sub-blocks per
 /// `madd` ([`offsets_avx2`]). The same integer sum per super-block as the other levels (no partial
 /// sum comes near 2³¹), with a third of the multiplies of a `madd` per step and a `mullo` per
@@ -142,6 +143,13 @@ unsafe fn accumulate_super_block(
 /// The CPU must support AVX2, FMA and F16C; the job's lengths were checked by the caller.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn group_avx2<V: SubBlockValues>(job: &Q6KJob<'_>) -> GroupOut {
+    let steps = const {
+        assert!(
+            4 % V::STEPS_IN_16_BITS == 0,
+            "a sub-block's four steps in whole runs"
+        );
+        V::STEPS_IN_16_BITS
+    };
     shared::passes_avx2(|half, r0| {
         let mut acc = [_mm256_setzero_ps(); ROWS];
         for b in 0..job.nb {
@@ -156,13 +164,13 @@ pub(super) unsafe fn group_avx2<V: SubBlockValues>(job: &Q6KJob<'_>) -> GroupOut
                 let scale = scales_twice_avx2(src.add(SCALES + 16 * s + 8 * half));
                 for (dr, sum) in sums.iter_mut().enumerate() {
                     let i = b * PANEL + r0 + dr;
-                    for (c, w) in w.chunks_exact(2).enumerate() {
-                        let a0 = _mm256_set1_epi32(activation_word(job, i, 16 * s + 8 * c));
-                        let a1 = _mm256_set1_epi32(activation_word(job, i, 16 * s + 8 * c + 4));
-                        let pairs = _mm256_add_epi16(
-                            _mm256_maddubs_epi16(w[0], a0),
-                            _mm256_maddubs_epi16(w[1], a1),
-                        );
+                    for (c, run) in w.chunks_exact(steps).enumerate() {
+                        let step = |j: usize| {
+                            let at = 16 * s + 4 * (c * steps + j);
+                            let a = _mm256_set1_epi32(activation_word(job, i, at));
+                            _mm256_maddubs_epi16(run[j], a)
+                        };
+                        let pairs = (1..steps).fold(step(0), |p, j| _mm256_add_epi16(p, step(j)));
                         *sum = _mm256_add_epi32(*sum, _mm256_madd_epi16(pairs, scale));
                     }
                 }
