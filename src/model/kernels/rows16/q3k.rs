@@ -1,8 +1,9 @@
 //! Q3_K weights repacked at load into interleaved groups of [`GROUP`](super::GROUP) rows,
 //! × Q8_K activations: the kernels of [`super::q6k`] ([`SixteenSubBlocks`]: sixteen 16-value
 //! sub-blocks with signed byte scales, no mins), which need from Q3_K only where its values
-//! lie. Its values are stored unsigned, `u = q + 4` (0..8: the two low bits, and the high bit as bit 2, which
-//! is ggml's "not minus 4"), its 6-bit scales unpacked to signed bytes (less 32).
+//! lie. Its values are stored unsigned, `u = q + 4` (0..8: the two low bits, and the high bit
+//! as bit 2, which is ggml's "not minus 4"), its 6-bit scales unpacked to signed bytes (less
+//! 32).
 //!
 //! Layout, per group of sixteen rows and super-block (1824 bytes for the file's 16 × 110):
 //! - `[0, 32)`: the rows' f16 `d`, lane `j` at `2j`;
