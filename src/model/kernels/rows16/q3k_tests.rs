@@ -1,4 +1,4 @@
-use super::super::tests::{check_extreme_blocks, format_tests, Case};
+use super::super::tests::{check_extreme_blocks, format_tests, Case, SUPER_BLOCK_SHAPES};
 use super::super::GROUP;
 use super::*;
 use crate::model::kernels::kquant::q3k::tests as file;
@@ -6,15 +6,7 @@ use candle_core::quantized::GgmlDType;
 
 impl Case for Q3K {
     const DTYPE: GgmlDType = GgmlDType::Q3K;
-    const SHAPES: &'static [(usize, usize, usize)] = &[
-        (1, 5, 256),
-        (7, 9, 512),
-        (8, 3, 2304),
-        (9, 130, 256),
-        (17, 33, 512),
-        (2, 1, 2304),
-        (16, 16, 768),
-    ];
+    const SHAPES: &'static [(usize, usize, usize)] = SUPER_BLOCK_SHAPES;
 
     fn random(n: usize, k: usize, seed: &mut u64) -> Vec<u8> {
         file::random_q3k(n, k, seed)

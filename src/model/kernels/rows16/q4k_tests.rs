@@ -1,22 +1,12 @@
-use super::super::tests::{check_extreme_blocks, format_tests, Case};
+use super::super::tests::{check_extreme_blocks, format_tests, Case, SUPER_BLOCK_SHAPES};
 use super::*;
 use crate::model::kernels::kquant::q4k::tests as q4k_file;
 use crate::model::kernels::kquant::q5k::tests as q5k_file;
 use candle_core::quantized::GgmlDType;
 
-const SHAPES: &[(usize, usize, usize)] = &[
-    (1, 5, 256),
-    (7, 9, 512),
-    (8, 3, 2304),
-    (9, 130, 256),
-    (17, 33, 512),
-    (2, 1, 2304),
-    (16, 16, 768),
-];
-
 impl Case for Q4K {
     const DTYPE: GgmlDType = GgmlDType::Q4K;
-    const SHAPES: &'static [(usize, usize, usize)] = SHAPES;
+    const SHAPES: &'static [(usize, usize, usize)] = SUPER_BLOCK_SHAPES;
 
     fn random(n: usize, k: usize, seed: &mut u64) -> Vec<u8> {
         q4k_file::random_q4k(n, k, seed)
@@ -29,7 +19,7 @@ impl Case for Q4K {
 
 impl Case for Q5K {
     const DTYPE: GgmlDType = GgmlDType::Q5K;
-    const SHAPES: &'static [(usize, usize, usize)] = SHAPES;
+    const SHAPES: &'static [(usize, usize, usize)] = SUPER_BLOCK_SHAPES;
 
     fn random(n: usize, k: usize, seed: &mut u64) -> Vec<u8> {
         q5k_file::random_q5k(n, k, seed)

@@ -30,6 +30,18 @@ pub(crate) trait Case: Format {
     }
 }
 
+/// [`Case::SHAPES`] of the K-quant formats (256-value super-blocks): one, two, three and nine
+/// super-blocks per row, rows of panels and groups cut short.
+pub(crate) const SUPER_BLOCK_SHAPES: &[(usize, usize, usize)] = &[
+    (1, 5, 256),
+    (7, 9, 512),
+    (8, 3, 2304),
+    (9, 130, 256),
+    (17, 33, 512),
+    (2, 1, 2304),
+    (16, 16, 768),
+];
+
 pub(crate) fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
