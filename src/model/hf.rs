@@ -330,6 +330,7 @@ fn safetensors_header(path: &Path, bytes: &[u8], file: usize) -> Result<Vec<Tens
             size,
             file,
             permute: None,
+            transcode: None,
         });
     }
     Ok(out)

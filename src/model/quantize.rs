@@ -119,8 +119,8 @@ pub enum Quantized {
 
 /// The GGUF type used for a row of `cols` values: K-quants need rows of multiples of 256;
 /// otherwise, as llama.cpp's quantizer does, Q4_K falls back to Q5_0, Q5_K to Q5_1 and Q6_K
-/// to Q8_0. Q3_K falls back to Q4_0, llama.cpp's choice before it had IQ4_NL (today's), which
-/// neither candle nor ppl multiplies.
+/// to Q8_0, and Q3_K to Q4_0 (llama.cpp's `llama_tensor_get_type` as of the llama-cpp-python
+/// 0.3.36 sdist; some 2024 releases used IQ4_NL there, which ppl reads but does not write).
 pub fn ggml_type_for(dtype: GgmlDType, cols: usize) -> GgmlDType {
     if cols.is_multiple_of(dtype.block_size()) {
         return dtype;

@@ -6,6 +6,7 @@ use std::path::Path;
 
 use memmap2::Mmap;
 
+use super::transcode::Transcode;
 use super::{ggml_dtype, ggml_type_name, GgufError, GgufFile, Result, TensorInfo, Value};
 
 /// Bounds-checked little-endian cursor over the mapped bytes.
@@ -227,7 +228,8 @@ impl GgufFile {
         let file_len = bytes.len() as u64;
         let mut tensors = BTreeMap::new();
         for (name, ne, type_id, rel_offset) in infos {
-            let Some(dtype) = ggml_dtype(type_id) else {
+            let transcode = Transcode::of(type_id);
+            let Some(dtype) = ggml_dtype(type_id).or(transcode.map(Transcode::computed_as)) else {
                 return Err(GgufError::UnsupportedType {
                     path: path.to_path_buf(),
                     tensor: name,
@@ -253,7 +255,11 @@ impl GgufFile {
                     ggml_type_name(type_id)
                 )));
             }
-            let size = elems / block * dtype.type_size() as u64;
+            let stored_block_bytes = match transcode {
+                Some(t) => t.stored_block_bytes(),
+                None => dtype.type_size(),
+            };
+            let size = elems / block * stored_block_bytes as u64;
             let offset = data_start
                 .checked_add(rel_offset)
                 .ok_or_else(|| corrupt(format!("tensor '{name}' has offset {rel_offset}")))?;
@@ -288,6 +294,7 @@ impl GgufFile {
                     size,
                     file: 0,
                     permute: None,
+                    transcode,
                 },
             );
         }

@@ -4,6 +4,7 @@
 use candle_core::quantized::{GgmlDType, QStorage, QTensor};
 use candle_core::Device;
 
+use super::transcode::Transcode;
 use super::{GgufError, GgufFile, Result};
 
 /// The ggml tensor types, with the names llama.cpp prints.
@@ -73,7 +74,9 @@ pub struct TensorInfo {
     pub name: String,
     /// Dimensions outermost first (the reverse of GGUF's `ne` order), as candle expects.
     pub shape: Vec<usize>,
+    /// The stored type, as the file names it.
     pub type_id: u32,
+    /// The type ppl computes with (the stored one, or what [`TensorInfo::transcode`] makes).
     pub dtype: GgmlDType,
     /// Absolute byte offset of the data in its file.
     pub offset: u64,
@@ -84,6 +87,9 @@ pub struct TensorInfo {
     /// Rows to reorder on read: Hugging Face's rotary layout (each head's two halves) into
     /// GGUF's (adjacent pairs), as llama.cpp's converter does for Llama-style Q and K.
     pub permute: Option<RopePermute>,
+    /// Set where the stored type is read as another ([`Transcode`]): then [`TensorInfo::dtype`]
+    /// is the type computed with, and [`TensorInfo::size`] still counts the stored bytes.
+    pub transcode: Option<Transcode>,
 }
 
 /// The row permutation llama.cpp's converter applies to Llama-style Q/K projections: within
@@ -147,29 +153,32 @@ impl GgufFile {
             info.offset as usize,
             info.size as usize,
         );
-        if let Some(detail) = crate::model::finite::first_non_finite(info.dtype, bytes) {
+        use std::borrow::Cow;
+        let data = match info.transcode {
+            Some(t) => Cow::Owned(t.apply(bytes)),
+            None => Cow::Borrowed(bytes),
+        };
+        if let Some(detail) = crate::model::finite::first_non_finite(info.dtype, &data) {
             return Err(GgufError::NonFinite {
                 path: self.path.clone(),
                 tensor: name.to_string(),
                 detail,
             });
         }
-        Ok((
-            info,
-            match info.permute {
-                None => std::borrow::Cow::Borrowed(bytes),
-                Some(p) => {
-                    let rows = info.shape[0].max(1);
-                    std::borrow::Cow::Owned(p.apply(bytes, bytes.len() / rows))
-                }
-            },
-        ))
+        let data = match info.permute {
+            None => data,
+            Some(p) => {
+                let rows = info.shape[0].max(1);
+                Cow::Owned(p.apply(&data, data.len() / rows))
+            }
+        };
+        Ok((info, data))
     }
 
     /// A whole tensor's bytes where they lie in the map, for a kernel that uses them in place
     /// (`None` for a checkpoint tensor whose rows are reordered at load).
     pub fn mapped_bytes(&self, info: &TensorInfo) -> Option<crate::model::mapped::MappedBytes> {
-        if info.permute.is_some() {
+        if info.permute.is_some() || info.transcode.is_some() {
             return None;
         }
         crate::model::mapped::MappedBytes::new(

@@ -7,6 +7,21 @@ use super::*;
 
 /// Builds a small GGUF image in memory: metadata and F32 tensors.
 pub(crate) fn build_gguf(kv: &[(&str, Value)], tensors: &[(&str, Vec<u64>, Vec<f32>)]) -> Vec<u8> {
+    let raw: Vec<_> = tensors
+        .iter()
+        .map(|(name, ne, data)| {
+            let bytes = data.iter().flat_map(|x| x.to_le_bytes()).collect();
+            (*name, ne.clone(), 0u32, bytes)
+        })
+        .collect();
+    build_gguf_typed(kv, &raw)
+}
+
+/// [`build_gguf`] with each tensor's ggml type id and stored bytes given.
+pub(crate) fn build_gguf_typed(
+    kv: &[(&str, Value)],
+    tensors: &[(&str, Vec<u64>, u32, Vec<u8>)],
+) -> Vec<u8> {
     fn put_str(out: &mut Vec<u8>, s: &str) {
         out.extend_from_slice(&(s.len() as u64).to_le_bytes());
         out.extend_from_slice(s.as_bytes());
@@ -47,23 +62,21 @@ pub(crate) fn build_gguf(kv: &[(&str, Value)], tensors: &[(&str, Vec<u64>, Vec<f
         put_value(&mut out, v);
     }
     let mut offset = 0u64;
-    for (name, ne, data) in tensors {
+    for (name, ne, type_id, data) in tensors {
         put_str(&mut out, name);
         out.extend_from_slice(&(ne.len() as u32).to_le_bytes());
         for d in ne {
             out.extend_from_slice(&d.to_le_bytes());
         }
-        out.extend_from_slice(&0u32.to_le_bytes());
+        out.extend_from_slice(&type_id.to_le_bytes());
         out.extend_from_slice(&offset.to_le_bytes());
-        offset += (data.len() as u64 * 4).div_ceil(32) * 32;
+        offset += (data.len() as u64).div_ceil(32) * 32;
     }
     while !out.len().is_multiple_of(32) {
         out.push(0);
     }
-    for (_, _, data) in tensors {
-        for x in data {
-            out.extend_from_slice(&x.to_le_bytes());
-        }
+    for (_, _, _, data) in tensors {
+        out.extend_from_slice(data);
         while !out.len().is_multiple_of(32) {
             out.push(0);
         }
@@ -152,4 +165,60 @@ fn wrong_magic_and_shape_and_type_are_named() {
     let f = write(&bytes);
     let msg = GgufFile::open(f.path()).unwrap_err().to_string();
     assert!(msg.contains("tensor 'w' has type IQ2_XXS"), "{msg}");
+}
+
+/// An IQ4_NL tensor (ggml type 20) opens with its stored size (18 bytes per block: a file of
+/// exactly its blocks is whole, one byte less is truncated) and reads as the Q8_0 tensor of
+/// the same values, `d·table[index]`, which candle dequantizes and our kernels multiply.
+#[test]
+fn iq4_nl_tensors_read_as_q8_0_of_their_values() {
+    use super::transcode::IQ4_NL_VALUES;
+    use candle_core::quantized::GgmlDType;
+    let (n, k) = (3usize, 64usize);
+    let mut stored = Vec::new();
+    let mut values = Vec::new();
+    for b in 0..n * k / 32 {
+        let d = half::f16::from_f32(0.01 * (b as f32 + 1.0) * if b % 2 == 0 { 1.0 } else { -1.0 });
+        let index = |e: usize| ((e * 5 + b * 3) % 16) as u8;
+        stored.extend(d.to_le_bytes());
+        stored.extend((0..16).map(|j| index(j) | (index(16 + j) << 4)));
+        values.extend((0..32).map(|e| d.to_f32() * IQ4_NL_VALUES[index(e) as usize] as f32));
+    }
+    assert_eq!(stored.len(), n * k / 32 * 18);
+    let image = build_gguf_typed(&[], &[("w", vec![k as u64, n as u64], 20, stored.clone())]);
+    let f = write(&image);
+    let g = GgufFile::open(f.path()).unwrap();
+    let info = g.tensor_info("w", "test").unwrap();
+    assert_eq!((info.type_id, info.dtype), (20, GgmlDType::Q8_0));
+    assert_eq!(info.size, stored.len() as u64);
+    assert!(
+        g.mapped_bytes(info).is_none(),
+        "the rewritten bytes are not the map's"
+    );
+    let (_, data) = g.tensor_data("w", &[n, k]).unwrap();
+    assert_eq!(data.len(), n * k / 32 * 34);
+    let got = g
+        .qtensor("w", &[n, k], &Device::Cpu)
+        .unwrap()
+        .dequantize(&Device::Cpu)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap();
+    assert_eq!(got, values);
+    // Our Q8_0 kernel on the rewritten bytes: row j of the matrix times a one-hot input gives
+    // the value at that column.
+    let m = crate::model::kernels::own_matrix(GgmlDType::Q8_0, &data, n, k)
+        .unwrap()
+        .unwrap();
+    let mut row = vec![0f32; k];
+    m.dequantize_row(1, &mut row);
+    assert_eq!(row, values[k..2 * k]);
+
+    // The image ends with the tensor's bytes padded to 32: cut the last stored byte.
+    let cut = image.len() - stored.len().div_ceil(32) * 32 + stored.len() - 1;
+    let f = write(&image[..cut]);
+    let msg = GgufFile::open(f.path()).unwrap_err().to_string();
+    assert!(msg.contains("the data of tensor 'w' (108 bytes)"), "{msg}");
 }
