@@ -87,6 +87,8 @@ CELLS=(
     "llama3.2-1b/q4_k_m 2"
     "llama3.2-1b/q6_k 2"
     "llama3.2-1b/q3_k 2"
+    "smollm2/iq4_nl 8"
+    "llama3.2-1b/iq4_nl 2"
     "llama3.1-8b/q4_k_m 2"
 )
 
@@ -115,7 +117,15 @@ make_model() {
     smollm2=$("$PPL" fetch-model)
     echo "bench-matrix: making $path" >&2
     case "$model/$type" in
-        smollm2/f32|smollm2/bf16) "$PPL" export "$smollm2" --dtype "$type" -o "$path" >&2 ;;
+        */iq4_nl)
+            # ppl reads IQ4_NL but does not write it: llama.cpp's quantizer does, from an
+            # f16 copy (SmolLM2's export, or the shape's random weights in f16).
+            local quantize=${LLAMA%/*}/llama-quantize f16
+            [ -n "$LLAMA" ] && [ -x "$quantize" ] ||
+                die "$1 is written by llama.cpp's llama-quantize, looked for beside --llama-perplexity ($quantize): build it with 'cmake --build build --target llama-quantize'"
+            f16=$(make_model "$model/f16")
+            "$quantize" "$f16" "$path" IQ4_NL 2 >&2 ;;
+        smollm2/f32|smollm2/bf16|smollm2/f16) "$PPL" export "$smollm2" --dtype "$type" -o "$path" >&2 ;;
         smollm2/*) "$PPL" quantize "$smollm2" "$path" --type "$type" >&2 ;;
         llama3.2-1b/*|llama3.1-8b/*)
             "$PPL" synth --shape "$model" --type "$type" --tokenizer-from "$smollm2" -o "$path" >&2 ;;

@@ -61,6 +61,8 @@ fn tensor_bytes(t: &super::gguf::TensorInfo, precision: Precision) -> u64 {
         // Tied embeddings: the embedding and the output layer share one copy.
         Precision::F32 => elems * 4,
         Precision::Bf16 | Precision::F16 => elems * 2,
+        // IQ4_NL, read as Q8_0, goes back to its own 18 bytes a block in our kernels.
+        Precision::Native if t.transcode.is_some() && t.shape.len() == 2 => t.size,
         Precision::Native => match t.dtype {
             // Our Q4_1 kernel keeps d and m as f32: 24 bytes per 32 weights.
             GgmlDType::Q4_1 => elems / 32 * 24,

@@ -126,7 +126,14 @@ pub fn own_matrix(
         GgmlDType::Q4_1 => boxed(rows16::q4::Q4_1Rows16::from_bytes(bytes, n, k)),
         GgmlDType::Q5_0 => boxed(rows16::q8_0::Q5_0Rows16::from_bytes(bytes, n, k)),
         GgmlDType::Q5_1 => boxed(rows16::q8_0::Q5_1Rows16::from_bytes(bytes, n, k)),
-        GgmlDType::Q8_0 => boxed(rows16::q8_0::Q8_0Rows16::from_bytes(bytes, n, k)),
+        // A Q8_0 tensor of IQ4_NL's values only (an IQ4_NL tensor as the reader gives it:
+        // `gguf::transcode`) is held as IQ4_NL, 18 bytes a block instead of 34, with the same
+        // bits. A tensor quantized to Q8_0 holds values outside the table (0, 2, 127, …) in
+        // its first blocks, where the test stops.
+        GgmlDType::Q8_0 => match rows16::q4::Iq4NlRows16::from_q8_0(bytes, n, k) {
+            Some(iq4_nl) => boxed(Some(iq4_nl)),
+            None => boxed(rows16::q8_0::Q8_0Rows16::from_bytes(bytes, n, k)),
+        },
         GgmlDType::Q4_0 => boxed(rows16::q4::Q4_0Rows16::from_bytes(bytes, n, k)),
         GgmlDType::F16 => boxed(self::half::HalfMatrix::from_bytes(
             self::half::HalfType::F16,

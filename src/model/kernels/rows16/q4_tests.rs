@@ -71,6 +71,30 @@ impl Case for Q4_1 {
     }
 }
 
+impl Case for Iq4Nl {
+    /// candle reads IQ4_NL as the reader gives it: the Q8_0 blocks of the same values.
+    const DTYPE: GgmlDType = GgmlDType::Q8_0;
+    const SHAPES: &'static [(usize, usize, usize)] = SHAPES;
+
+    fn random(n: usize, k: usize, seed: &mut u64) -> Vec<u8> {
+        random_blocks(n, k, 1, seed)
+    }
+
+    fn candle_bytes(file: &[u8]) -> Vec<u8> {
+        crate::model::gguf::transcode::Transcode::of(20)
+            .expect("IQ4_NL is transcoded")
+            .apply(file)
+    }
+
+    /// `d·table[nibble]`, ggml's `kvalues_iq4nl`.
+    fn reference(block: &[u8], e: usize) -> f64 {
+        const TABLE: [i32; 16] = [
+            -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+        ];
+        TABLE[nibble(block, 2, e) as usize] as f64 * half(block, 0)
+    }
+}
+
 mod q4_0 {
     use super::*;
     format_tests!(Q4_0, 13);
@@ -79,6 +103,11 @@ mod q4_0 {
 mod q4_1 {
     use super::*;
     format_tests!(Q4_1, 29);
+}
+
+mod iq4_nl {
+    use super::*;
+    format_tests!(Iq4Nl, 41);
 }
 
 /// The f16 bytes of `v`.
@@ -131,4 +160,43 @@ fn q4_1_dequantizes_nibble_times_d_plus_m() {
         .map(|e| if e < 16 { e as f32 } else { (31 - e) as f32 } * 0.5 - 3.0)
         .collect();
     assert_eq!(&row[..], &want[..]);
+}
+
+#[test]
+fn extreme_iq4_nl_blocks_give_the_same_bits_on_every_path() {
+    // Indices 0 (−127) and 15 (113), the table's extremes, against ±127 activations: the
+    // AVX2 pairs at their largest, 2·127·127.
+    check_extreme_blocks::<Iq4Nl>(|b| {
+        let mut block = f16_bytes(if b % 2 == 0 { 1.0 } else { -3.5 }).to_vec();
+        block.extend_from_slice(&[[0x00, 0xF0, 0xFF, 0x0F][b % 4]; 16]);
+        block
+    });
+}
+
+/// The IQ4_NL tensors the reader gives as Q8_0 go back to 18 bytes a block and give the bits
+/// of the Q8_0 kernel on the same bytes at every level; a Q8_0 tensor with a value outside
+/// the table is not taken.
+#[test]
+fn iq4_nl_from_q8_0_is_the_q8_0_product_in_18_bytes_a_block() {
+    use super::super::q8_0::Q8_0Rows16;
+    use crate::model::kernels::panel::tests::available_isas;
+    let mut seed = 7;
+    let (m, n, k) = (13, 35, 96);
+    let file = Iq4Nl::random(n, k, &mut seed);
+    let q8 = Iq4Nl::candle_bytes(&file);
+    let iq4 = Iq4NlRows16::from_q8_0(&q8, n, k).expect("table values only");
+    assert_eq!(iq4.storage_bytes(), n.div_ceil(16) * 16 * k / 32 * 18);
+    let plain = Q8_0Rows16::from_bytes(&q8, n, k).expect("layout");
+    let x: Vec<f32> = (0..m * k).map(|_| lcg(&mut seed) * 2.0).collect();
+    for isa in available_isas() {
+        assert_eq!(
+            super::super::tests::bits(&iq4.matmul_at(&x, m, isa)),
+            super::super::tests::bits(&plain.matmul_at(&x, m, isa)),
+            "{isa:?}"
+        );
+    }
+    let mut other = q8.clone();
+    other[2 + 5] = 0; // 0 is not an IQ4_NL value
+    assert!(Iq4NlRows16::from_q8_0(&other, n, k).is_none());
+    assert!(Iq4NlRows16::from_q8_0(&q8[..q8.len() - 1], n, k).is_none());
 }

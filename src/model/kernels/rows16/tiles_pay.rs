@@ -100,12 +100,13 @@ pub fn summary() -> String {
     use super::{q3k, q4, q4k, q6k, q8_0};
     /// A format's name and its choice.
     type Choice = (&'static str, fn() -> bool);
-    let formats: [Choice; 9] = [
+    let formats: [Choice; 10] = [
         (q8_0::Q8_0::NAME, tiles_pay::<q8_0::Q8_0>),
         (q8_0::Q5_0::NAME, tiles_pay::<q8_0::Q5_0>),
         (q8_0::Q5_1::NAME, tiles_pay::<q8_0::Q5_1>),
         (q4::Q4_0::NAME, tiles_pay::<q4::Q4_0>),
         (q4::Q4_1::NAME, tiles_pay::<q4::Q4_1>),
+        (q4::Iq4Nl::NAME, tiles_pay::<q4::Iq4Nl>),
         (q4k::Q4K::NAME, tiles_pay::<q4k::Q4K>),
         (q4k::Q5K::NAME, tiles_pay::<q4k::Q5K>),
         (q6k::Q6K::NAME, tiles_pay::<q6k::Q6K>),
