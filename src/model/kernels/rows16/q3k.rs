@@ -13,9 +13,9 @@
 //! - `[1312, 1824)`: the high bits, one 64-byte run per pair of sub-blocks: run `p`, byte
 //!   `4j + c`, bit `4r + t` for value `16(2p + r) + 4t + c` of row `j`.
 //!
-//! The AVX-512 levels take the AVX2 unpacking's two halves side by side (the trait's default):
-//! the unpacking is a small part of a sub-block's work, and that way the one written here is
-//! the one the AVX2 tests run on every machine.
+//! The AVX-512 levels unpack all sixteen rows at once, the AVX2 unpacking's operations on
+//! 512-bit registers (instead of the trait's default, the two AVX2 halves side by side: 2%
+//! more GOP/s on a Zen 4 EPYC, m = 512, 2 threads, 554–570 → 566–582 over four alternations).
 //!
 //! Float order: [`super::q6k`]'s, `acc = fma(d_w·d_a, Σ_s scale_s·Σ_e q_e·a_e as f32, acc)`
 //! over the super-blocks in order, from zero, on every level (ggml's structure: one
@@ -125,6 +125,36 @@ impl SubBlockValues for Q3KValues {
             _mm256_or_si256(
                 _mm256_and_si256(lows[t], two),
                 _mm256_and_si256(highs[t], bit2),
+            )
+        })
+    }
+
+    /// [`Self::values_avx2`] on whole 64-byte runs.
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn values_avx512(src: *const u8, s: usize) -> [__m512i; 4] {
+        let at = |offset: usize| src.add(offset) as *const __m512i;
+        let low = _mm512_loadu_si512(at(LOW + 64 * s));
+        let count = _mm_cvtsi32_si128(4 * (s % 2) as i32);
+        let high = _mm512_srl_epi16(_mm512_loadu_si512(at(HIGH + 64 * (s / 2))), count);
+        let (two, bit2) = (_mm512_set1_epi8(3), _mm512_set1_epi8(4));
+        let highs = [
+            _mm512_slli_epi16::<2>(high),
+            _mm512_slli_epi16::<1>(high),
+            high,
+            _mm512_srli_epi16::<1>(high),
+        ];
+        let lows = [
+            low,
+            _mm512_srli_epi16::<2>(low),
+            _mm512_srli_epi16::<4>(low),
+            _mm512_srli_epi16::<6>(low),
+        ];
+        std::array::from_fn(|t| {
+            _mm512_or_si512(
+                _mm512_and_si512(lows[t], two),
+                _mm512_and_si512(highs[t], bit2),
             )
         })
     }
