@@ -87,6 +87,7 @@ CELLS=(
     "llama3.2-1b/q4_k_m 2"
     "llama3.2-1b/q6_k 2"
     "llama3.2-1b/q3_k 2"
+    "llama3.2-1b/q2_k 2"
     "smollm2/iq4_nl 8"
     "llama3.2-1b/iq4_nl 2"
     "llama3.1-8b/q4_k_m 2"

@@ -150,9 +150,11 @@ fn every_storage_type_gives_the_same_bits_at_every_level() {
     }
     let levels: Vec<&str> = LEVELS[1..=rank(&top)].to_vec();
     // Q4_1 (+ Q8_0 output), Q8_0, Q4_0, Q4_K_M (Q4_K, Q6_K, Q5_0, Q8_0), Q6_K, Q5_K (+ Q5_1),
-    // Q3_K (its feed-forward down projections; Q4_0 elsewhere), IQ4_NL, and the floats.
+    // Q3_K and Q2_K (their feed-forward down projections; Q4_0 elsewhere), IQ4_NL, and the
+    // floats.
     for scheme in [
-        "q4_1", "q8_0", "q4_0", "q4_k_m", "q6_k", "q5_k", "q3_k", "iq4_nl", "bf16", "f16", "f32",
+        "q4_1", "q8_0", "q4_0", "q4_k_m", "q6_k", "q5_k", "q3_k", "q2_k", "iq4_nl", "bf16", "f16",
+        "f32",
     ] {
         let model = converted(dir.path(), scheme);
         let base = eval_at(&model, levels[0], "128", "2");

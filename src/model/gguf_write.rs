@@ -67,6 +67,7 @@ fn file_type(dtype: GgmlDType) -> u32 {
         GgmlDType::Q5_0 => 8,
         GgmlDType::Q5_1 => 9,
         // Q3_K (Q4_K) everywhere it fits is llama.cpp's Q3_K_S (Q4_K_S).
+        GgmlDType::Q2K => 10,
         GgmlDType::Q3K => 11,
         GgmlDType::Q4K => 14,
         GgmlDType::Q6K => 18,
@@ -150,7 +151,7 @@ pub fn write(src: &GgufFile, out: &Path, conversion: &Conversion) -> Result<Writ
         }
         Conversion::Quantize(q) => q.scheme.ggml().ok_or_else(|| {
             WriteError::Unsupported(format!(
-                "{} has no GGUF type (GGUF stores q4_0, q4_1, q8_0, q3_k, q4_k and q6_k); evaluate it with `ppl eval --quantize {}` instead",
+                "{} has no GGUF type (GGUF stores q4_0, q4_1, q8_0, q2_k, q3_k, q4_k and q6_k); evaluate it with `ppl eval --quantize {}` instead",
                 q.scheme, q.scheme
             ))
         })?,

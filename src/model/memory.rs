@@ -71,6 +71,9 @@ fn tensor_bytes(t: &super::gguf::TensorInfo, precision: Precision) -> u64 {
             // K-quants (rows of 256 multiples): 6-bit scales and mins unpacked to bytes.
             GgmlDType::Q4K if kquant_rows(t) => elems / 256 * 148,
             GgmlDType::Q5K if kquant_rows(t) => elems / 256 * 180,
+            // Q2_K and Q3_K: scales (and Q2_K's mins) unpacked to bytes.
+            GgmlDType::Q2K if kquant_rows(t) => elems / 256 * 100,
+            GgmlDType::Q3K if kquant_rows(t) => elems / 256 * 114,
             // F16/BF16 matrices stay 16-bit in our kernel; vectors (norms) become f32.
             GgmlDType::F16 | GgmlDType::BF16 => elems * if t.shape.len() == 2 { 2 } else { 4 },
             _ => t.size,

@@ -29,6 +29,8 @@ pub enum Scheme {
     Q4_1,
     #[value(name = "q8_0")]
     Q8_0,
+    #[value(name = "q2_k")]
+    Q2K,
     #[value(name = "q3_k")]
     Q3K,
     #[value(name = "q4_k")]
@@ -49,6 +51,7 @@ impl std::fmt::Display for Scheme {
             Scheme::Q4_0 => "q4_0",
             Scheme::Q4_1 => "q4_1",
             Scheme::Q8_0 => "q8_0",
+            Scheme::Q2K => "q2_k",
             Scheme::Q3K => "q3_k",
             Scheme::Q4K => "q4_k",
             Scheme::Q6K => "q6_k",
@@ -65,6 +68,7 @@ impl Scheme {
             Scheme::Q4_0 => Some(GgmlDType::Q4_0),
             Scheme::Q4_1 => Some(GgmlDType::Q4_1),
             Scheme::Q8_0 => Some(GgmlDType::Q8_0),
+            Scheme::Q2K => Some(GgmlDType::Q2K),
             Scheme::Q3K => Some(GgmlDType::Q3K),
             Scheme::Q4K => Some(GgmlDType::Q4K),
             Scheme::Q6K => Some(GgmlDType::Q6K),
@@ -119,14 +123,14 @@ pub enum Quantized {
 
 /// The GGUF type used for a row of `cols` values: K-quants need rows of multiples of 256;
 /// otherwise, as llama.cpp's quantizer does, Q4_K falls back to Q5_0, Q5_K to Q5_1 and Q6_K
-/// to Q8_0, and Q3_K to Q4_0 (llama.cpp's `llama_tensor_get_type` as of the llama-cpp-python
+/// to Q8_0, and Q2_K and Q3_K to Q4_0 (llama.cpp's `llama_tensor_get_type` as of the llama-cpp-python
 /// 0.3.36 sdist; some 2024 releases used IQ4_NL there, which ppl reads but does not write).
 pub fn ggml_type_for(dtype: GgmlDType, cols: usize) -> GgmlDType {
     if cols.is_multiple_of(dtype.block_size()) {
         return dtype;
     }
     match dtype {
-        GgmlDType::Q3K => GgmlDType::Q4_0,
+        GgmlDType::Q2K | GgmlDType::Q3K => GgmlDType::Q4_0,
         GgmlDType::Q4K => GgmlDType::Q5_0,
         GgmlDType::Q5K => GgmlDType::Q5_1,
         GgmlDType::Q6K => GgmlDType::Q8_0,

@@ -70,6 +70,8 @@ pub enum WeightType {
     Q5_0,
     #[value(name = "q5_1")]
     Q5_1,
+    #[value(name = "q2_k")]
+    Q2K,
     #[value(name = "q3_k")]
     Q3K,
     #[value(name = "q4_k")]
@@ -103,6 +105,7 @@ impl WeightType {
             WeightType::Q4_1 => GgmlDType::Q4_1,
             WeightType::Q5_0 => GgmlDType::Q5_0,
             WeightType::Q5_1 => GgmlDType::Q5_1,
+            WeightType::Q2K => GgmlDType::Q2K,
             WeightType::Q3K => GgmlDType::Q3K,
             WeightType::Q4K | WeightType::Q4KM => GgmlDType::Q4K,
             WeightType::Q5K => GgmlDType::Q5K,
@@ -132,6 +135,7 @@ impl WeightType {
             WeightType::Q8_0 => 7,
             WeightType::Q5_0 => 8,
             WeightType::Q5_1 => 9,
+            WeightType::Q2K => 10,
             WeightType::Q3K => 11,
             WeightType::Q4K => 14,
             WeightType::Q4KM => 15,

@@ -114,7 +114,7 @@ pub fn own_matrix(
     let m = match dtype {
         // ggml writes K-quants only for rows that are a multiple of 256; other shapes stay with
         // candle, whose verdict on them stands.
-        GgmlDType::Q3K | GgmlDType::Q4K | GgmlDType::Q5K | GgmlDType::Q6K
+        GgmlDType::Q2K | GgmlDType::Q3K | GgmlDType::Q4K | GgmlDType::Q5K | GgmlDType::Q6K
             if k == 0 || !k.is_multiple_of(kquant::QK_K) =>
         {
             return None
@@ -123,6 +123,7 @@ pub fn own_matrix(
         GgmlDType::Q5K => boxed(rows16::q4k::Q5KRows16::from_bytes(bytes, n, k)),
         GgmlDType::Q6K => boxed(rows16::q6k::Q6KRows16::from_bytes(bytes, n, k)),
         GgmlDType::Q3K => boxed(rows16::q3k::Q3KRows16::from_bytes(bytes, n, k)),
+        GgmlDType::Q2K => boxed(rows16::q2k::Q2KRows16::from_bytes(bytes, n, k)),
         GgmlDType::Q4_1 => boxed(rows16::q4::Q4_1Rows16::from_bytes(bytes, n, k)),
         GgmlDType::Q5_0 => boxed(rows16::q8_0::Q5_0Rows16::from_bytes(bytes, n, k)),
         GgmlDType::Q5_1 => boxed(rows16::q8_0::Q5_1Rows16::from_bytes(bytes, n, k)),

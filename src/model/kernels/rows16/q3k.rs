@@ -30,7 +30,7 @@ use crate::model::kernels::kquant::SuperBlock;
 use std::arch::x86_64::*;
 
 /// Offset of the low two bits in a group's super-block.
-const LOW: usize = VALUES;
+pub(super) const LOW: usize = VALUES;
 /// Offset of the high bits.
 const HIGH: usize = LOW + 16 * 64;
 
@@ -68,7 +68,6 @@ impl SubBlockValues for Q3KValues {
     /// `128n + 32j + 16r + i` (i < 16), whose low bits are bits `2j` of the sixteen `qs`
     /// bytes from `32n + 16r` and high bits bit `4n + j` of the `hmask` bytes from `16r`.
     fn pack(file: &[u8], dst: &mut [u8], lane: usize) {
-        const TWO_BITS: u128 = 0x0303_0303_0303_0303_0303_0303_0303_0303;
         const ONE_BIT: u128 = 0x0101_0101_0101_0101_0101_0101_0101_0101;
         let blk = Q3KBlock::decode(file);
         dst[2 * lane..2 * lane + 2].copy_from_slice(&blk.d.to_le_bytes());
@@ -76,11 +75,9 @@ impl SubBlockValues for Q3KValues {
             dst[SCALES + 16 * s + lane] = scale as u8;
         }
         let (qs, hmask) = blk.bits();
+        pack_low_bits(qs, dst, lane);
         for s in 0..16 {
             let (n, j, r) = (s / 8, (s % 8) / 2, s % 2);
-            let low = (word16(&qs[32 * n + 16 * r..]) >> (2 * j)) & TWO_BITS;
-            let low = interleave(low, 2).to_le_bytes();
-            dst[LOW + 64 * s + 4 * lane..][..4].copy_from_slice(&low);
             let high = (word16(&hmask[16 * r..]) >> (4 * n + j)) & ONE_BIT;
             let high = (interleave(high, 1) << (4 * r)).to_le_bytes();
             let run = &mut dst[HIGH + 64 * (s / 2) + 4 * lane..][..4];
@@ -92,7 +89,7 @@ impl SubBlockValues for Q3KValues {
 
     fn value(src: &[u8], lane: usize, e: usize) -> u8 {
         let (s, t, c) = (e / 16, (e % 16) / 4, e % 4);
-        let low = (src[LOW + 64 * s + 4 * lane + c] >> (2 * t)) & 3;
+        let low = low_bits(src, lane, e);
         let high = (src[HIGH + 64 * (s / 2) + 4 * lane + c] >> (4 * (s % 2) + t)) & 1;
         low | high << 2
     }
@@ -102,11 +99,11 @@ impl SubBlockValues for Q3KValues {
     #[target_feature(enable = "avx2")]
     unsafe fn values_avx2(src: *const u8, s: usize, half: usize) -> [__m256i; 4] {
         let at = |offset: usize| src.add(offset + 32 * half) as *const __m256i;
-        let low = _mm256_loadu_si256(at(LOW + 64 * s));
+        let lows = low_bits_avx2(src, s, half);
         // Sub-block 2p + 1's high bits down to where 2p's are.
         let count = _mm_cvtsi32_si128(4 * (s % 2) as i32);
         let high = _mm256_srl_epi16(_mm256_loadu_si256(at(HIGH + 64 * (s / 2))), count);
-        let (two, bit2) = (_mm256_set1_epi8(3), _mm256_set1_epi8(4));
+        let bit2 = _mm256_set1_epi8(4);
         // Value t's high bit is bit t of its byte; it goes to bit 2 (16-bit shifts: what
         // crosses a byte is masked off).
         let highs = [
@@ -115,18 +112,7 @@ impl SubBlockValues for Q3KValues {
             high,
             _mm256_srli_epi16::<1>(high),
         ];
-        let lows = [
-            low,
-            _mm256_srli_epi16::<2>(low),
-            _mm256_srli_epi16::<4>(low),
-            _mm256_srli_epi16::<6>(low),
-        ];
-        std::array::from_fn(|t| {
-            _mm256_or_si256(
-                _mm256_and_si256(lows[t], two),
-                _mm256_and_si256(highs[t], bit2),
-            )
-        })
+        std::array::from_fn(|t| _mm256_or_si256(lows[t], _mm256_and_si256(highs[t], bit2)))
     }
 
     /// [`Self::values_avx2`] on whole 64-byte runs.
@@ -135,29 +121,76 @@ impl SubBlockValues for Q3KValues {
     #[target_feature(enable = "avx512f,avx512bw")]
     unsafe fn values_avx512(src: *const u8, s: usize) -> [__m512i; 4] {
         let at = |offset: usize| src.add(offset) as *const __m512i;
-        let low = _mm512_loadu_si512(at(LOW + 64 * s));
+        let lows = low_bits_avx512(src, s);
         let count = _mm_cvtsi32_si128(4 * (s % 2) as i32);
         let high = _mm512_srl_epi16(_mm512_loadu_si512(at(HIGH + 64 * (s / 2))), count);
-        let (two, bit2) = (_mm512_set1_epi8(3), _mm512_set1_epi8(4));
+        let bit2 = _mm512_set1_epi8(4);
         let highs = [
             _mm512_slli_epi16::<2>(high),
             _mm512_slli_epi16::<1>(high),
             high,
             _mm512_srli_epi16::<1>(high),
         ];
-        let lows = [
-            low,
-            _mm512_srli_epi16::<2>(low),
-            _mm512_srli_epi16::<4>(low),
-            _mm512_srli_epi16::<6>(low),
-        ];
-        std::array::from_fn(|t| {
-            _mm512_or_si512(
-                _mm512_and_si512(lows[t], two),
-                _mm512_and_si512(highs[t], bit2),
-            )
-        })
+        std::array::from_fn(|t| _mm512_or_si512(lows[t], _mm512_and_si512(highs[t], bit2)))
     }
+}
+
+/// Writes the two-bit fields of a super-block's 64 `qs` bytes (value `128n + 32j + 16r + i`
+/// at bit `2j` of byte `32n + 16r + i`: Q3_K's low bits, Q2_K's values) into lane `lane`'s
+/// runs from [`LOW`], by structure, sixteen values at a time.
+pub(super) fn pack_low_bits(qs: &[u8; 64], dst: &mut [u8], lane: usize) {
+    const TWO_BITS: u128 = 0x0303_0303_0303_0303_0303_0303_0303_0303;
+    for s in 0..16 {
+        let (n, j, r) = (s / 8, (s % 8) / 2, s % 2);
+        let low = (word16(&qs[32 * n + 16 * r..]) >> (2 * j)) & TWO_BITS;
+        let low = interleave(low, 2).to_le_bytes();
+        dst[LOW + 64 * s + 4 * lane..][..4].copy_from_slice(&low);
+    }
+}
+
+/// The two-bit field of value `e` of lane `lane` ([`pack_low_bits`]'s layout).
+pub(super) fn low_bits(src: &[u8], lane: usize, e: usize) -> u8 {
+    let (s, t, c) = (e / 16, (e % 16) / 4, e % 4);
+    (src[LOW + 64 * s + 4 * lane + c] >> (2 * t)) & 3
+}
+
+/// Sub-block `s`'s two-bit fields of rows `8·half..8·half + 8` as bytes, register `t` values
+/// `16s + 4t..16s + 4t + 4` ([`super::q6k::SubBlockValues::values_avx2`]'s order).
+///
+/// # Safety
+/// The CPU must support AVX2; `src` is a group's super-block in [`pack_low_bits`]'s layout.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn low_bits_avx2(src: *const u8, s: usize, half: usize) -> [__m256i; 4] {
+    let low = _mm256_loadu_si256(src.add(LOW + 64 * s + 32 * half) as *const __m256i);
+    let two = _mm256_set1_epi8(3);
+    let lows = [
+        low,
+        _mm256_srli_epi16::<2>(low),
+        _mm256_srli_epi16::<4>(low),
+        _mm256_srli_epi16::<6>(low),
+    ];
+    std::array::from_fn(|t| _mm256_and_si256(lows[t], two))
+}
+
+/// [`low_bits_avx2`] of all sixteen rows.
+///
+/// # Safety
+/// The CPU must support AVX-512 F/BW; `src` as for [`low_bits_avx2`].
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+pub(super) unsafe fn low_bits_avx512(src: *const u8, s: usize) -> [__m512i; 4] {
+    let low = _mm512_loadu_si512(src.add(LOW + 64 * s) as *const __m512i);
+    let two = _mm512_set1_epi8(3);
+    let lows = [
+        low,
+        _mm512_srli_epi16::<2>(low),
+        _mm512_srli_epi16::<4>(low),
+        _mm512_srli_epi16::<6>(low),
+    ];
+    std::array::from_fn(|t| _mm512_and_si512(lows[t], two))
 }
 
 #[cfg(test)]

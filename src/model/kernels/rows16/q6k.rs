@@ -76,6 +76,14 @@ pub trait SubBlockValues: Send + Sync + 'static {
     /// a signed activation byte, |a| ≤ 128) are added in 16 bits before one `madd` widens
     /// them: `steps · 2 · max u · 128 < 2¹⁵`, and a divisor of a sub-block's four steps.
     const STEPS_IN_16_BITS: usize;
+    /// Where a format with mins (value `d·scale·q − dmin·min`: Q2_K) keeps them in a group's
+    /// super-block: the rows' f16 `dmin` from this offset (lane `j` at `2j`), then sub-block
+    /// `s`'s unsigned byte mins at `+32 + 16s` (row `j`'s at byte `j`); `None` for the formats
+    /// without (Q6_K, Q3_K). With mins, each super-block also forms the exact
+    /// `mins = Σ_s min_s·bsum_s` and adds `fma(dmin_w·d_a, mins, acc_min)` to an accumulator of
+    /// its own, and the output is `acc − acc_min` (Q4_K's order); the tile level runs the
+    /// AVX-512 kernel (no staged tile kernel with mins here).
+    const MINS: Option<usize> = None;
 
     /// Writes one row's file super-block into lane `lane` of a group's super-block: its f16
     /// `d` at `2·lane`, its scales at `SCALES + 16s + lane`, its values.
@@ -230,19 +238,27 @@ impl<V: SubBlockValues> Format for SixteenSubBlocks<V> {
     }
 
     /// The numbers and float operations of ggml's (and candle's) Q6_K and Q3_K
-    /// dequantization, `(d·scale)·q`.
+    /// dequantization, `(d·scale)·q`, and Q2_K's, `(d·scale)·q − dmin·min`.
     fn dequantize(src: &[u8], lane: usize, out: &mut [f32]) {
         let d = f16::from_le_bytes([src[2 * lane], src[2 * lane + 1]]).to_f32();
         let offset = 1i32 << V::OFFSET_BITS;
         for (e, o) in out.iter_mut().enumerate() {
             let scale = src[SCALES + 16 * (e / 16) + lane] as i8;
             let q = V::value(src, lane, e) as i32 - offset;
-            *o = d * scale as f32 * q as f32;
+            let dl = d * scale as f32;
+            *o = match V::MINS {
+                None => dl * q as f32,
+                Some(at) => {
+                    let min = src[at + 2 * GROUP + 16 * (e / 16) + lane];
+                    dl * q as f32 - lane_f16(src, at, lane) * min as f32
+                }
+            };
         }
     }
 
     fn portable(job: &Q6KJob<'_>) -> GroupOut {
         let mut acc = [[0f32; GROUP]; PANEL];
+        let mut acc_min = [[0f32; GROUP]; PANEL];
         // The unsigned values less their offset: signed bytes.
         let offset = 1i32 << V::OFFSET_BITS;
         let decode = |src: &[u8], lane: usize, w: &mut [i8; QK_K]| {
@@ -258,8 +274,8 @@ impl<V: SubBlockValues> Format for SixteenSubBlocks<V> {
             |b, src, w| {
                 for (lane, w) in w.iter().enumerate() {
                     let d = lane_f16(src, 0, lane);
-                    for (r, acc) in acc.iter_mut().enumerate() {
-                        let acc = &mut acc[lane];
+                    for (r, (acc, acc_min)) in acc.iter_mut().zip(&mut acc_min).enumerate() {
+                        let (acc, acc_min) = (&mut acc[lane], &mut acc_min[lane]);
                         let (qa, da) = (&job.a.qs[b * PANEL + r], job.a.d[b * PANEL + r]);
                         let mut sum = 0i32;
                         for s in 0..SUB_BLOCKS {
@@ -267,10 +283,27 @@ impl<V: SubBlockValues> Format for SixteenSubBlocks<V> {
                             sum += scale * dot_i8(&w[16 * s..][..16], &qa[16 * s..][..16]);
                         }
                         *acc = (d * da).mul_add(sum as f32, *acc);
+                        if let Some(at) = V::MINS {
+                            let bsums = &job.a.bsums[b * PANEL + r];
+                            let mins: i32 = (0..SUB_BLOCKS)
+                                .map(|s| {
+                                    src[at + 2 * GROUP + 16 * s + lane] as i32 * bsums[s] as i32
+                                })
+                                .sum();
+                            let dmin = lane_f16(src, at, lane);
+                            *acc_min = (dmin * da).mul_add(mins as f32, *acc_min);
+                        }
                     }
                 }
             },
         );
+        if V::MINS.is_some() {
+            for (acc, acc_min) in acc.iter_mut().zip(&acc_min) {
+                for (a, m) in acc.iter_mut().zip(acc_min) {
+                    *a -= m;
+                }
+            }
+        }
         acc
     }
 
@@ -286,7 +319,7 @@ impl<V: SubBlockValues> Format for SixteenSubBlocks<V> {
 
     /// The i8 scales, as three balanced base-7 digits, fold into the values `q` as signed
     /// bytes, so a super-block's scaled sums form in the tiles.
-    const STAGED_BLOCK_BYTES: usize = STAGED_BYTES;
+    const STAGED_BLOCK_BYTES: usize = if V::MINS.is_some() { 0 } else { STAGED_BYTES };
 
     #[cfg(target_arch = "x86_64")]
     unsafe fn stage(group: &[u8], nb: usize, blocks: std::ops::Range<usize>, staged: &mut [u8]) {

@@ -88,6 +88,7 @@ pub(super) unsafe fn q6k_values_avx512(src: *const u8, s: usize) -> [__m512i; 4]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(super) unsafe fn group_avx512<V: SubBlockValues>(job: &Q6KJob<'_>) -> GroupOut {
     let mut acc = [_mm512_setzero_ps(); PANEL];
+    let mut acc_min = [_mm512_setzero_ps(); PANEL];
     for b in 0..job.nb {
         let src = job.group.as_ptr().add(b * V::GROUP_BLOCK_BYTES);
         let mut sums = [_mm512_setzero_si512(); PANEL];
@@ -106,8 +107,50 @@ pub(super) unsafe fn group_avx512<V: SubBlockValues>(job: &Q6KJob<'_>) -> GroupO
             }
         }
         accumulate_super_block(job, src, b, &sums, &mut acc);
+        if let Some(at) = V::MINS {
+            accumulate_mins_avx512(job, src.add(at), b, &mut acc_min);
+        }
+    }
+    if V::MINS.is_some() {
+        for (acc, acc_min) in acc.iter_mut().zip(&acc_min) {
+            *acc = _mm512_sub_ps(*acc, *acc_min);
+        }
     }
     crate::model::kernels::avx512::lanes_to_outputs(&acc)
+}
+
+/// Super-block `b`'s mins term for the panel's rows, `mins` at the format's `dmin` (then its
+/// min bytes, [`SubBlockValues::MINS`]): the exact `Σ_s min_s·bsum_s` in each row's lane, two
+/// sub-blocks per `vpdpwssd` (a lane's two mins as i16 against the entry's two activation
+/// sums), then `acc_min = fma(dmin_w·d_a, mins, acc_min)`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn accumulate_mins_avx512(
+    job: &Q6KJob<'_>,
+    mins: *const u8,
+    b: usize,
+    acc_min: &mut [__m512; PANEL],
+) {
+    let min = |s: usize| {
+        _mm512_cvtepu8_epi32(_mm_loadu_si128(
+            mins.add(2 * super::GROUP + 16 * s) as *const _
+        ))
+    };
+    let pairs: [__m512i; SUB_BLOCKS / 2] = std::array::from_fn(|t| {
+        _mm512_or_si512(min(2 * t), _mm512_slli_epi32::<16>(min(2 * t + 1)))
+    });
+    let dmin = _mm512_cvtph_ps(_mm256_loadu_si256(mins as *const __m256i));
+    for (r, acc_min) in acc_min.iter_mut().enumerate() {
+        let i = b * PANEL + r;
+        let bsums = job.a.bsums.get_unchecked(i).as_ptr();
+        let mut total = _mm512_setzero_si512();
+        for (t, pair) in pairs.iter().enumerate() {
+            let a = _mm512_set1_epi32(bsums.add(2 * t).cast::<i32>().read_unaligned());
+            total = _mm512_dpwssd_epi32(total, *pair, a);
+        }
+        let da = _mm512_set1_ps(*job.a.d.get_unchecked(i));
+        *acc_min = _mm512_fmadd_ps(_mm512_mul_ps(dmin, da), _mm512_cvtepi32_ps(total), *acc_min);
+    }
 }
 
 /// Super-block `b`'s (at `src`) float step on `sums` (the exact scaled integer sums per panel
@@ -152,6 +195,7 @@ pub(super) unsafe fn group_avx2<V: SubBlockValues>(job: &Q6KJob<'_>) -> GroupOut
     };
     shared::passes_avx2(|half, r0| {
         let mut acc = [_mm256_setzero_ps(); ROWS];
+        let mut acc_min = [_mm256_setzero_ps(); ROWS];
         for b in 0..job.nb {
             let src = job.group.as_ptr().add(b * V::GROUP_BLOCK_BYTES);
             let pairs = scale_pairs_avx2(src, half);
@@ -180,6 +224,28 @@ pub(super) unsafe fn group_avx2<V: SubBlockValues>(job: &Q6KJob<'_>) -> GroupOut
                 let da = _mm256_set1_ps(*job.a.d.get_unchecked(b * PANEL + r0 + dr));
                 *acc = _mm256_fmadd_ps(_mm256_mul_ps(dw, da), _mm256_cvtepi32_ps(*sum), *acc);
             }
+            if let Some(at) = V::MINS {
+                // The mins term, as the AVX-512 kernel's: two sub-blocks per `madd`.
+                let mins = src.add(at);
+                let pairs = byte_pairs_avx2(|s| {
+                    _mm256_cvtepu8_epi32(_mm_loadl_epi64(
+                        mins.add(2 * super::GROUP + 16 * s + 8 * half) as *const __m128i,
+                    ))
+                });
+                let dmin = _mm256_cvtph_ps(_mm_loadu_si128(mins.add(16 * half) as *const __m128i));
+                for (dr, acc_min) in acc_min.iter_mut().enumerate() {
+                    let i = b * PANEL + r0 + dr;
+                    let total = bsum_pairs_dot_avx2(job, &pairs, i);
+                    let da = _mm256_set1_ps(*job.a.d.get_unchecked(i));
+                    let dmin_da = _mm256_mul_ps(dmin, da);
+                    *acc_min = _mm256_fmadd_ps(dmin_da, _mm256_cvtepi32_ps(total), *acc_min);
+                }
+            }
+        }
+        if V::MINS.is_some() {
+            for (acc, acc_min) in acc.iter_mut().zip(&acc_min) {
+                *acc = _mm256_sub_ps(*acc, *acc_min);
+            }
         }
         acc
     })
@@ -201,17 +267,42 @@ unsafe fn scales_twice_avx2(at: *const u8) -> __m256i {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn scale_pairs_avx2(src: *const u8, half: usize) -> [__m256i; SUB_BLOCKS / 2] {
-    let scale = |s: usize| {
+    byte_pairs_avx2(|s| {
         _mm256_cvtepi8_epi32(_mm_loadl_epi64(
             src.add(SCALES + 16 * s + 8 * half) as *const __m128i
         ))
-    };
+    })
+}
+
+/// Sub-block bytes of eight lanes (`byte(s)`: sub-block `s`'s, widened to 32 bits), two
+/// sub-blocks per register as two i16: lane `j` of entry `t` holds sub-blocks `2t` and
+/// `2t + 1`.
+#[inline(always)]
+unsafe fn byte_pairs_avx2(byte: impl Fn(usize) -> __m256i) -> [__m256i; SUB_BLOCKS / 2] {
     std::array::from_fn(|t| {
         _mm256_or_si256(
-            _mm256_and_si256(scale(2 * t), _mm256_set1_epi32(0xFFFF)),
-            _mm256_slli_epi32::<16>(scale(2 * t + 1)),
+            _mm256_and_si256(byte(2 * t), _mm256_set1_epi32(0xFFFF)),
+            _mm256_slli_epi32::<16>(byte(2 * t + 1)),
         )
     })
+}
+
+/// `Σ_s pair_s·bsum_s` of panel entry `i` in the lanes of `pairs` ([`byte_pairs_avx2`]), two
+/// sub-blocks per `madd`: exact (|byte·bsum| ≤ 128·16·128).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn bsum_pairs_dot_avx2(
+    job: &Q6KJob<'_>,
+    pairs: &[__m256i; SUB_BLOCKS / 2],
+    i: usize,
+) -> __m256i {
+    let bsums = job.a.bsums.get_unchecked(i).as_ptr();
+    let mut total = _mm256_setzero_si256();
+    for (t, pair) in pairs.iter().enumerate() {
+        let a = _mm256_set1_epi32(bsums.add(2 * t).cast::<i32>().read_unaligned());
+        total = _mm256_add_epi32(total, _mm256_madd_epi16(*pair, a));
+    }
+    total
 }
 
 /// The offset of a super-block's values for panel entry `i`, in the lanes of `pairs`
@@ -225,12 +316,7 @@ unsafe fn offsets_avx2<V: SubBlockValues>(
     pairs: &[__m256i; SUB_BLOCKS / 2],
     i: usize,
 ) -> __m256i {
-    let bsums = job.a.bsums.get_unchecked(i).as_ptr();
-    let mut total = _mm256_setzero_si256();
-    for (t, pair) in pairs.iter().enumerate() {
-        let a = _mm256_set1_epi32(bsums.add(2 * t).cast::<i32>().read_unaligned());
-        total = _mm256_add_epi32(total, _mm256_madd_epi16(*pair, a));
-    }
+    let total = bsum_pairs_dot_avx2(job, pairs, i);
     let count = _mm_cvtsi32_si128(V::OFFSET_BITS as i32);
     _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_sll_epi32(total, count))
 }

@@ -96,7 +96,8 @@ pub(crate) fn emulated_amx<F: Format>(
     return Some(w.matmul_with(x, m, |job| {
         // SAFETY: AVX-512 executes (checked above); the driver checked the job's lengths;
         // emulated tiles need nothing of the CPU.
-        unsafe { F::amx(&mut Emulated::default(), job) }.expect("the format has an AMX path")
+        // A format without a tile kernel (Q2_K) runs its AVX-512 one there, as `kernel_at`.
+        unsafe { F::amx(&mut Emulated::default(), job).unwrap_or_else(|| F::avx512(job)) }
     }));
     #[cfg(not(target_arch = "x86_64"))]
     None
