@@ -339,6 +339,10 @@ pub trait Format: Sized + Send + Sync + 'static {
     /// staged tile kernel (its tile level is [`Format::amx`], one job at a time).
     const STAGED_BLOCK_BYTES: usize = 0;
 
+    /// Whether the format has a tile kernel at all (staged, or [`Format::amx`]); one without
+    /// (Q2_K) runs its AVX-512 kernel at the tile level, and nothing is timed for it.
+    const TILES: bool = true;
+
     /// Writes the blocks `blocks` of `group` (`nb` per row) into `staged` (`blocks.len() ·`
     /// [`Format::STAGED_BLOCK_BYTES`] bytes) in the layout [`Format::amx_staged`] loads into
     /// tiles: done once per group, pass and slice, and read by every panel pair of the pass.

@@ -320,6 +320,7 @@ impl<V: SubBlockValues> Format for SixteenSubBlocks<V> {
     /// The i8 scales, as three balanced base-7 digits, fold into the values `q` as signed
     /// bytes, so a super-block's scaled sums form in the tiles.
     const STAGED_BLOCK_BYTES: usize = if V::MINS.is_some() { 0 } else { STAGED_BYTES };
+    const TILES: bool = V::MINS.is_none();
 
     #[cfg(target_arch = "x86_64")]
     unsafe fn stage(group: &[u8], nb: usize, blocks: std::ops::Range<usize>, staged: &mut [u8]) {

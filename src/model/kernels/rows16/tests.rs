@@ -88,16 +88,15 @@ pub(crate) fn emulated_amx<F: Format>(
     x: &[f32],
     m: usize,
 ) -> Option<Vec<f32>> {
-    // A format with a staged tile kernel has no per-job one.
-    if isa() < Isa::Avx512 || F::STAGED_BLOCK_BYTES > 0 {
+    // A format with a staged tile kernel has no per-job one; Q2_K has neither.
+    if isa() < Isa::Avx512 || F::STAGED_BLOCK_BYTES > 0 || !F::TILES {
         return None;
     }
     #[cfg(target_arch = "x86_64")]
     return Some(w.matmul_with(x, m, |job| {
         // SAFETY: AVX-512 executes (checked above); the driver checked the job's lengths;
         // emulated tiles need nothing of the CPU.
-        // A format without a tile kernel (Q2_K) runs its AVX-512 one there, as `kernel_at`.
-        unsafe { F::amx(&mut Emulated::default(), job).unwrap_or_else(|| F::avx512(job)) }
+        unsafe { F::amx(&mut Emulated::default(), job) }.expect("the format has an AMX path")
     }));
     #[cfg(not(target_arch = "x86_64"))]
     None

@@ -38,7 +38,7 @@ pub fn tiles_pay<F: Format>() -> bool {
     if let Some(pays) = known(&DECIDED.lock().unwrap_or_else(|e| e.into_inner())) {
         return pays;
     }
-    let pays = super::super::isa() >= Isa::Amx && time_levels::<F>();
+    let pays = F::TILES && super::super::isa() >= Isa::Amx && time_levels::<F>();
     let mut decided = DECIDED.lock().unwrap_or_else(|e| e.into_inner());
     // Two threads may have timed it at once: the first answer stands.
     if let Some(first) = known(&decided) {
