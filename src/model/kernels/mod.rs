@@ -7,7 +7,8 @@
 //! The level ([`isa`]) is what CPUID advertises, confirmed by executing the instructions in a
 //! child process (some machines advertise AVX-512 that traps), capped by `PPL_ISA`.
 //!
-//! - [`rows16`] (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 × Q8_0/Q8_1; Q3_K, Q4_K, Q5_K, Q6_K × Q8_K): one
+//! - [`rows16`] (Q4_0, Q4_1, IQ4_NL, Q5_0, Q5_1, Q8_0 × Q8_0/Q8_1; Q2_K, Q3_K, Q4_K, Q5_K,
+//!   Q6_K × Q8_K): one
 //!   driver generic over the block format; the weights repacked at load into interleaved groups of sixteen
 //!   rows, one 32-bit lane (or tile column) per output, on [`panel`]'s panels of eight
 //!   activation rows (quantized as llama.cpp's CPU backend does, blocked for L2); the AMX level

@@ -1,14 +1,16 @@
-//! K-quant formats (GGUF Q3_K, Q4_K, Q5_K, Q6_K) and their activations, as llama.cpp's CPU
-//! backend computes them: each activation row is quantized to Q8_K ([`q8k`]: 256-value
+//! K-quant formats (GGUF Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) and their activations, as llama.cpp's
+//! CPU backend computes them: each activation row is quantized to Q8_K ([`q8k`]: 256-value
 //! super-blocks, an f32 scale, 16 sums of 16 values), and each output is, per super-block, an
-//! integer dot product of every 32- (Q4_K, Q5_K) or 16-value (Q3_K, Q6_K) sub-block times its
-//! integer scale, the mins (Q4_K, Q5_K) or the values' offset (−4 for Q3_K, −32 for Q6_K)
-//! through the activation sums, then one `d_w·d_a` float product per super-block.
+//! integer dot product of every 32- (Q4_K, Q5_K) or 16-value (Q2_K, Q3_K, Q6_K) sub-block
+//! times its integer scale, the mins (Q2_K, Q4_K, Q5_K) or the values' offset (−4 for Q3_K,
+//! −32 for Q6_K) through the activation sums, then one `d_w·d_a` float product per
+//! super-block (and one `dmin_w·d_a` for the mins).
 //!
 //! This module holds the definitions — each format's super-block as the file lays it out, its
 //! decoding and ggml's dequantization — and the Q8_K activations. The products are computed
 //! by the interleaved-rows driver ([`super::rows16`]: [`super::rows16::q4k`] for Q4_K and
-//! Q5_K, [`super::rows16::q6k`] for Q6_K, [`super::rows16::q3k`] for Q3_K), which repacks the
+//! Q5_K, [`super::rows16::q6k`] for Q6_K, [`super::rows16::q3k`] for Q3_K,
+//! [`super::rows16::q2k`] for Q2_K), which repacks the
 //! weights at load from these decoded blocks and keeps this float order (the panel kernels
 //! that computed them before, one weight row per lane group with a horizontal sum per output,
 //! were removed once every level of the driver had been shown to give their bits).

@@ -1,7 +1,8 @@
 //! Q6_K weights repacked at load into interleaved groups of [`GROUP`] rows, × Q8_K activations;
-//! and the kernels of every format of sixteen 16-value sub-blocks with signed byte scales and
-//! no mins ([`SixteenSubBlocks`]: Q6_K here, Q3_K in [`super::q3k`]), which differ only in
-//! where their unsigned values lie and their offset ([`SubBlockValues`]).
+//! and the kernels of every format of sixteen 16-value sub-blocks with signed byte scales
+//! ([`SixteenSubBlocks`]: Q6_K here, Q3_K in [`super::q3k`], Q2_K with its mins in
+//! [`super::q2k`]), which differ only in where their unsigned values lie, their offset and
+//! whether mins follow ([`SubBlockValues`]).
 //!
 //! Why: the panel kernel this replaced (since removed) decoded a super-block of one weight
 //! row and met eight activation rows with it, every product of a row landing in the lanes of its own
