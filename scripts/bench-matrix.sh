@@ -122,7 +122,9 @@ make_model() {
             # ppl reads IQ4_NL but does not write it: llama.cpp's quantizer does, from an
             # f16 copy (SmolLM2's export, or the shape's random weights in f16).
             local quantize=${LLAMA%/*}/llama-quantize f16
-            [ -n "$LLAMA" ] && [ -x "$quantize" ] ||
+            [ -n "$LLAMA" ] ||
+                die "$1 is written by llama.cpp's llama-quantize, looked for beside --llama-perplexity: pass --llama-perplexity BIN"
+            [ -x "$quantize" ] ||
                 die "$1 is written by llama.cpp's llama-quantize, looked for beside --llama-perplexity ($quantize): build it with 'cmake --build build --target llama-quantize'"
             f16=$(make_model "$model/f16")
             "$quantize" "$f16" "$path" IQ4_NL 2 >&2 ;;

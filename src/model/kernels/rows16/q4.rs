@@ -194,23 +194,32 @@ impl Iq4NlRows16 {
     /// the same float steps.
     pub fn from_q8_0(bytes: &[u8], n: usize, k: usize) -> Option<Self> {
         const Q8_0_BLOCK_BYTES: usize = 34;
-        let mut index = [None; 256];
+        // Each byte's index in the table, or `NOT_IN_TABLE`.
+        const NOT_IN_TABLE: u8 = 0xFF;
+        let mut index = [NOT_IN_TABLE; 256];
         for (i, &v) in IQ4_NL_VALUES.iter().enumerate() {
-            index[v as u8 as usize] = Some(i as u8);
+            index[v as u8 as usize] = i as u8;
         }
         if !bytes.len().is_multiple_of(Q8_0_BLOCK_BYTES) {
             return None;
         }
         let blocks = bytes.chunks_exact(Q8_0_BLOCK_BYTES);
+        // Every Q8_0 tensor is offered here: a quantized one stops on its first blocks,
+        // before anything is allocated.
+        let in_table = |block: &[u8]| {
+            block[2..]
+                .iter()
+                .all(|&q| index[q as usize] != NOT_IN_TABLE)
+        };
+        if !blocks.clone().all(in_table) {
+            return None;
+        }
         let mut file = Vec::with_capacity(blocks.len() * Iq4Nl::FILE_BLOCK_BYTES);
         for block in blocks {
             let (d, q) = block.split_at(2);
             file.extend_from_slice(d);
-            for j in 0..16 {
-                let low = index[q[j] as usize]?;
-                let high = index[q[16 + j] as usize]?;
-                file.push(low | (high << 4));
-            }
+            let index = |q: u8| index[q as usize];
+            file.extend((0..16).map(|j| index(q[j]) | (index(q[16 + j]) << 4)));
         }
         Self::from_bytes(&file, n, k)
     }
