@@ -90,6 +90,8 @@ CELLS=(
     "llama3.2-1b/q2_k 2"
     "smollm2/iq4_nl 8"
     "llama3.2-1b/iq4_nl 2"
+    "smollm2/iq4_xs 8"
+    "llama3.2-1b/iq4_xs 2"
     "llama3.1-8b/q4_k_m 2"
 )
 
@@ -118,16 +120,17 @@ make_model() {
     smollm2=$("$PPL" fetch-model)
     echo "bench-matrix: making $path" >&2
     case "$model/$type" in
-        */iq4_nl)
-            # ppl reads IQ4_NL but does not write it: llama.cpp's quantizer does, from an
-            # f16 copy (SmolLM2's export, or the shape's random weights in f16).
+        */iq4_nl|*/iq4_xs)
+            # ppl reads IQ4_NL and IQ4_XS but does not write them: llama.cpp's quantizer
+            # does, from an f16 copy (SmolLM2's export, or the shape's random weights in f16).
+            # Its IQ4_XS mix keeps IQ4_NL where rows are not a multiple of 256 (SmolLM2's 576).
             local quantize=${LLAMA%/*}/llama-quantize f16
             [ -n "$LLAMA" ] ||
                 die "$1 is written by llama.cpp's llama-quantize, looked for beside --llama-perplexity: pass --llama-perplexity BIN"
             [ -x "$quantize" ] ||
                 die "$1 is written by llama.cpp's llama-quantize, looked for beside --llama-perplexity ($quantize): build it with 'cmake --build build --target llama-quantize'"
             f16=$(make_model "$model/f16")
-            "$quantize" "$f16" "$path" IQ4_NL 2 >&2 ;;
+            "$quantize" "$f16" "$path" "${type^^}" 2 >&2 ;;
         smollm2/f32|smollm2/bf16|smollm2/f16) "$PPL" export "$smollm2" --dtype "$type" -o "$path" >&2 ;;
         smollm2/*) "$PPL" quantize "$smollm2" "$path" --type "$type" >&2 ;;
         llama3.2-1b/*|llama3.1-8b/*)

@@ -1,6 +1,7 @@
 //! The kernels' instruction-set levels give the same bits for every storage type: the test
 //! model converted to each type ppl has its own kernels for (`ppl quantize`, `ppl export`;
-//! `ppl synth` for Q5_K and Q5_1; IQ4_NL by rewriting a Q4_0 file's type ids),
+//! `ppl synth` for Q5_K and Q5_1, and for IQ4_XS with IQ4_NL; IQ4_NL alone by rewriting a
+//! Q4_0 file's type ids),
 //! evaluated under every `PPL_ISA` level this CPU runs — AMX included where it executes, the
 //! portable level on one 32-token window (it takes seconds per window) — PPL, ±, CI, the exact
 //! totals and every window's sum bit for bit. An MPI job on mixed CPUs relies on this.
@@ -51,9 +52,9 @@ fn level_of(r: &Results) -> String {
 }
 
 /// The test model as storage type `scheme`: the file itself (Q4_1, its output layer Q8_0),
-/// a `ppl quantize` conversion, a `ppl export` float copy, or (`q5_k`, which `ppl quantize`
-/// does not write) random weights of its shape from `ppl synth`: Q5_K where rows are multiples
-/// of 256, llama.cpp's fallback Q5_1 elsewhere.
+/// a `ppl quantize` conversion, a `ppl export` float copy, or (`q5_k` and `iq4_xs`, which
+/// `ppl quantize` does not write) random weights of its shape from `ppl synth`: Q5_K or IQ4_XS
+/// where rows are multiples of 256, llama.cpp's fallbacks Q5_1 or IQ4_NL elsewhere.
 fn converted(dir: &Path, scheme: &str) -> PathBuf {
     if scheme == "q4_1" {
         return common::model();
@@ -63,18 +64,12 @@ fn converted(dir: &Path, scheme: &str) -> PathBuf {
     }
     let out = dir.join(format!("smollm2-{scheme}.gguf"));
     let mut cmd = ppl_cmd();
-    if scheme == "q5_k" {
-        cmd.args([
-            "synth",
-            "--shape",
-            "smollm2-135m",
-            "--type",
-            "q5_k",
-            "--tokenizer-from",
-        ])
-        .arg(common::model())
-        .arg("-o")
-        .arg(&out);
+    if ["q5_k", "iq4_xs"].contains(&scheme) {
+        cmd.args(["synth", "--shape", "smollm2-135m", "--type", scheme])
+            .arg("--tokenizer-from")
+            .arg(common::model())
+            .arg("-o")
+            .arg(&out);
     } else if ["f32", "f16", "bf16"].contains(&scheme) {
         cmd.arg("export")
             .arg(common::model())
@@ -150,11 +145,11 @@ fn every_storage_type_gives_the_same_bits_at_every_level() {
     }
     let levels: Vec<&str> = LEVELS[1..=rank(&top)].to_vec();
     // Q4_1 (+ Q8_0 output), Q8_0, Q4_0, Q4_K_M (Q4_K, Q6_K, Q5_0, Q8_0), Q6_K, Q5_K (+ Q5_1),
-    // Q3_K and Q2_K (their feed-forward down projections; Q4_0 elsewhere), IQ4_NL, and the
-    // floats.
+    // Q3_K and Q2_K (their feed-forward down projections; Q4_0 elsewhere), IQ4_NL, IQ4_XS
+    // (+ IQ4_NL), and the floats.
     for scheme in [
-        "q4_1", "q8_0", "q4_0", "q4_k_m", "q6_k", "q5_k", "q3_k", "q2_k", "iq4_nl", "bf16", "f16",
-        "f32",
+        "q4_1", "q8_0", "q4_0", "q4_k_m", "q6_k", "q5_k", "q3_k", "q2_k", "iq4_nl", "iq4_xs",
+        "bf16", "f16", "f32",
     ] {
         let model = converted(dir.path(), scheme);
         let base = eval_at(&model, levels[0], "128", "2");

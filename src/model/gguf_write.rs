@@ -53,7 +53,7 @@ pub struct Written {
     pub tensors: usize,
     pub bytes: u64,
     /// (tensor name, type written), in the file's order.
-    pub types: Vec<(String, GgmlDType)>,
+    pub types: Vec<(String, crate::model::gguf::transcode::StoredType)>,
 }
 
 /// llama.cpp's `general.file_type` for a file whose matrices are mostly `dtype`.
@@ -249,7 +249,7 @@ pub fn write(src: &GgufFile, out: &Path, conversion: &Conversion) -> Result<Writ
         bytes: std::fs::metadata(out).map_or(0, |m| m.len()),
         types: tensors
             .iter()
-            .map(|(n, t)| (n.clone(), t.dtype()))
+            .map(|(n, t)| (n.clone(), t.dtype().into()))
             .collect(),
     })
 }

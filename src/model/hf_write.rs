@@ -337,7 +337,7 @@ pub fn write(
         Ok(Written {
             tensors: types.len(),
             bytes,
-            types: types.into_iter().collect(),
+            types: types.into_iter().map(|(n, t)| (n, t.into())).collect(),
         })
     })();
     if result.is_err() {

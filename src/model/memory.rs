@@ -11,6 +11,8 @@
 //! every estimate landed within 6% of the measurement.
 
 use candle_core::quantized::GgmlDType;
+
+use super::gguf::transcode::Transcode;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
@@ -61,9 +63,21 @@ fn tensor_bytes(t: &super::gguf::TensorInfo, precision: Precision) -> u64 {
         // Tied embeddings: the embedding and the output layer share one copy.
         Precision::F32 => elems * 4,
         Precision::Bf16 | Precision::F16 => elems * 2,
-        // IQ4_NL, read as Q8_0, goes back to its own 18 bytes a block in our kernels.
-        Precision::Native if t.transcode.is_some() && t.shape.len() == 2 => t.size,
-        Precision::Native => match t.dtype {
+        // IQ4_NL and IQ4_XS, read as Q8_0 and F32 by candle, stay as stored in our kernels
+        // (IQ4_XS with its eight scales unpacked to bytes: 138 bytes a super-block).
+        Precision::Native if t.shape.len() == 2 => match t.transcode {
+            Some(Transcode::Iq4XsAsF32) => elems / 256 * 138,
+            Some(Transcode::Iq4NlAsQ8_0) => t.size,
+            None => native_bytes(t, elems),
+        },
+        Precision::Native => native_bytes(t, elems),
+    }
+}
+
+/// Bytes of a tensor of a type candle knows in native precision.
+fn native_bytes(t: &super::gguf::TensorInfo, elems: u64) -> u64 {
+    {
+        match t.dtype {
             // Our Q4_1 kernel keeps d and m as f32: 24 bytes per 32 weights.
             GgmlDType::Q4_1 => elems / 32 * 24,
             // Q5_0 and Q8_0 are held as 32 signed bytes and an f16 scale per block.
@@ -77,7 +91,7 @@ fn tensor_bytes(t: &super::gguf::TensorInfo, precision: Precision) -> u64 {
             // F16/BF16 matrices stay 16-bit in our kernel; vectors (norms) become f32.
             GgmlDType::F16 | GgmlDType::BF16 => elems * if t.shape.len() == 2 { 2 } else { 4 },
             _ => t.size,
-        },
+        }
     }
 }
 

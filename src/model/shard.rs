@@ -16,6 +16,7 @@ use candle_core::quantized::GgmlDType;
 
 use super::block_tensors::BlockTensors;
 use super::config::LlamaConfig;
+use super::gguf::transcode::Transcode;
 use super::gguf::GgufFile;
 use super::ModelError;
 
@@ -109,12 +110,17 @@ impl TensorSpec {
 pub struct RawTensor<'a> {
     /// The GGUF name (for errors, and for the per-tensor choices of quantization at load).
     pub name: String,
+    /// The type candle computes it as.
     pub dtype: GgmlDType,
     pub shape: Vec<usize>,
+    /// The bytes as stored: of `dtype`, or of `stored`'s type.
     pub bytes: Cow<'a, [u8]>,
     /// The same bytes in the file's map, when they are a whole tensor as stored (a kernel
     /// may then use them in place).
     pub mapped: Option<super::mapped::MappedBytes>,
+    /// Set when `bytes` are a type read as another ([`Transcode`]): our kernels take them so,
+    /// candle's paths [`RawTensor::computed`].
+    pub stored: Option<Transcode>,
 }
 
 impl RawTensor<'_> {
@@ -125,13 +131,22 @@ impl RawTensor<'_> {
             shape: self.shape,
             bytes: Cow::Owned(self.bytes.into_owned()),
             mapped: None,
+            stored: self.stored,
+        }
+    }
+
+    /// The bytes as `dtype`'s (a stored type rewritten).
+    pub fn computed(&self) -> Cow<'_, [u8]> {
+        match self.stored {
+            Some(t) => Cow::Owned(t.apply(&self.bytes)),
+            None => Cow::Borrowed(&self.bytes[..]),
         }
     }
 }
 
 /// Reads `spec` out of the file: the whole tensor borrowed from the map, or a copy of a part.
 pub fn read<'g>(g: &'g GgufFile, spec: &TensorSpec) -> Result<RawTensor<'g>> {
-    let (info, bytes) = g.tensor_data(&spec.name, &spec.shape)?;
+    let (info, bytes) = g.tensor_stored(&spec.name, &spec.shape)?;
     if spec.is_whole() {
         let mapped = match bytes {
             Cow::Borrowed(_) => g.mapped_bytes(info),
@@ -143,16 +158,22 @@ pub fn read<'g>(g: &'g GgufFile, spec: &TensorSpec) -> Result<RawTensor<'g>> {
             shape: spec.shape.clone(),
             bytes,
             mapped,
+            stored: info.transcode,
         });
     }
     let cols = spec.shape.get(1).copied().unwrap_or(1);
-    let (bs, ts) = (info.dtype.block_size(), info.dtype.type_size());
+    let (bs, ts) = match info.transcode {
+        Some(t) => (t.block_size(), t.stored_block_bytes()),
+        None => (info.dtype.block_size(), info.dtype.type_size()),
+    };
     if !spec.cols.start.is_multiple_of(bs) || !spec.cols.end.is_multiple_of(bs) {
         return Err(ModelError::Invalid {
             path: g.path().to_path_buf(),
             detail: format!(
-                "tensor '{}' ({:?}, blocks of {bs}) cannot be cut at columns {:?}",
-                spec.name, info.dtype, spec.cols
+                "tensor '{}' ({}, blocks of {bs}) cannot be cut at columns {:?}",
+                spec.name,
+                info.type_name(),
+                spec.cols
             ),
         });
     }
@@ -168,6 +189,7 @@ pub fn read<'g>(g: &'g GgufFile, spec: &TensorSpec) -> Result<RawTensor<'g>> {
         shape: spec.part_shape(),
         bytes: Cow::Owned(out),
         mapped: None,
+        stored: info.transcode,
     })
 }
 
@@ -220,7 +242,7 @@ pub fn check_tensor_parallel(
         for spec in [&specs.wo, &specs.w_down] {
             let (name, width) = (&spec.name, spec.shape[1]);
             let info = g.tensor_info(name, "the model's architecture requires it")?;
-            let bs = info.dtype.block_size();
+            let bs = info.block_size();
             if let Some(q) = quantize {
                 let block = q.scheme.block(q.group_size);
                 if !(width / tp).is_multiple_of(block) {
@@ -233,8 +255,8 @@ pub fn check_tensor_parallel(
             }
             if !(width / tp).is_multiple_of(bs) {
                 return Err(invalid(format!(
-                    "--tp {tp} would cut the quantization blocks of '{name}' ({:?}, {bs} values per block): each rank's {} input columns are not a multiple of {bs}; use a smaller --tp, or a model quantized with smaller blocks",
-                    info.dtype,
+                    "--tp {tp} would cut the quantization blocks of '{name}' ({}, {bs} values per block): each rank's {} input columns are not a multiple of {bs}; use a smaller --tp, or a model quantized with smaller blocks",
+                    info.type_name(),
                     width / tp
                 )));
             }
@@ -308,6 +330,8 @@ pub fn block_specs(c: &LlamaConfig, i: usize, part: &Partition) -> BlockTensors<
 pub struct ShardEntry {
     pub name: String,
     pub dtype: GgmlDType,
+    /// The stored type when the bytes are one read as `dtype` (see [`RawTensor::stored`]).
+    pub stored: Option<Transcode>,
     pub shape: Vec<usize>,
     pub len: usize,
 }
@@ -328,6 +352,7 @@ impl LayerShard {
         let entries = Box::new(tensors.as_ref().map(|t| ShardEntry {
             name: t.name.clone(),
             dtype: t.dtype,
+            stored: t.stored,
             shape: t.shape.clone(),
             len: t.bytes.len(),
         }));
@@ -368,6 +393,7 @@ impl LayerShard {
                 shape: e.shape.clone(),
                 bytes: Cow::Owned(bytes[pos..pos + e.len].to_vec()),
                 mapped: None,
+                stored: e.stored,
             };
             pos += e.len;
             t
@@ -486,6 +512,7 @@ mod tests {
                 shape: s.shape,
                 bytes: Cow::Owned((0..n * 4).map(|i| seed.wrapping_mul(i as u8)).collect()),
                 mapped: None,
+                stored: None,
                 name: s.name,
             }
         });

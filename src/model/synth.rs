@@ -24,8 +24,10 @@ use std::path::{Path, PathBuf};
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
 
+use super::gguf::transcode::{StoredType, Transcode};
 use super::gguf::Value;
 use super::gguf_write::Written;
+use super::kernels::kquant::iq4xs;
 use super::quantize::{ggml_type_for, Quantize, Scheme, Site};
 use super::GgufFile;
 use crate::model::tokenizer_meta::ExportTokenizer;
@@ -84,6 +86,11 @@ pub enum WeightType {
     /// output layer (or the tied table) and for `attn_v`/`ffn_down` of some layers.
     #[value(name = "q4_k_m")]
     Q4KM,
+    /// IQ4_XS (256-value super-blocks, a 4-bit index into IQ4_NL's table per value), with
+    /// IQ4_NL where rows are not a multiple of 256 (llama.cpp's fallback). ppl reads both and
+    /// writes them only here: a plain quantizer for random weights, not llama.cpp's search.
+    #[value(name = "iq4_xs")]
+    Iq4Xs,
 }
 
 impl std::fmt::Display for WeightType {
@@ -110,6 +117,8 @@ impl WeightType {
             WeightType::Q4K | WeightType::Q4KM => GgmlDType::Q4K,
             WeightType::Q5K => GgmlDType::Q5K,
             WeightType::Q6K => GgmlDType::Q6K,
+            // The type candle computes IQ4_XS as.
+            WeightType::Iq4Xs => GgmlDType::F32,
         }
     }
 
@@ -141,12 +150,21 @@ impl WeightType {
             WeightType::Q4KM => 15,
             WeightType::Q5K => 16,
             WeightType::Q6K => 18,
+            WeightType::Iq4Xs => 30,
             WeightType::Bf16 => 32,
         }
     }
 
     /// The GGUF type of a matrix with rows of `cols` values at `site`.
-    pub fn for_matrix(self, site: &Site, cols: usize) -> GgmlDType {
+    pub fn for_matrix(self, site: &Site, cols: usize) -> StoredType {
+        if self == WeightType::Iq4Xs {
+            let t = if cols.is_multiple_of(256) {
+                Transcode::Iq4XsAsF32
+            } else {
+                Transcode::Iq4NlAsQ8_0
+            };
+            return StoredType::Rewritten(t);
+        }
         if self == WeightType::Q4KM {
             let mix = Quantize {
                 scheme: Scheme::Q4KM,
@@ -155,10 +173,10 @@ impl WeightType {
                 output: true,
             };
             if let Some(t) = mix.ggml_type(site, cols) {
-                return t;
+                return t.into();
             }
         }
-        ggml_type_for(self.ggml(), cols)
+        ggml_type_for(self.ggml(), cols).into()
     }
 }
 
@@ -256,10 +274,10 @@ pub fn tensor_plan(shape: &Shape) -> Vec<TensorSpec> {
 }
 
 /// The GGUF type each tensor of `plan` is stored in.
-pub fn storage_types(shape: &Shape, plan: &[TensorSpec], dtype: WeightType) -> Vec<GgmlDType> {
+pub fn storage_types(shape: &Shape, plan: &[TensorSpec], dtype: WeightType) -> Vec<StoredType> {
     plan.iter()
         .map(|t| match t.kind {
-            TensorKind::Norm | TensorKind::Bias => GgmlDType::F32,
+            TensorKind::Norm | TensorKind::Bias => GgmlDType::F32.into(),
             TensorKind::Matrix => {
                 let site = Site {
                     name: &t.name,
@@ -498,19 +516,19 @@ pub struct RowStream {
     pub name: String,
     pub rows: usize,
     pub cols: usize,
-    pub dtype: GgmlDType,
+    pub dtype: StoredType,
     /// About how many values one parallel job encodes.
     pub job_values: usize,
 }
 
 impl RowStream {
-    pub fn new(spec: &TensorSpec, dtype: GgmlDType) -> Self {
+    pub fn new(spec: &TensorSpec, dtype: impl Into<StoredType>) -> Self {
         let (rows, cols) = spec.rows_cols();
         Self {
             name: spec.name.clone(),
             rows,
             cols,
-            dtype,
+            dtype: dtype.into(),
             job_values: JOB_VALUES,
         }
     }
@@ -561,8 +579,21 @@ fn encode(
     values: Vec<f32>,
     rows: usize,
     cols: usize,
-    dtype: GgmlDType,
+    dtype: StoredType,
 ) -> candle_core::Result<Vec<u8>> {
+    let dtype = match dtype {
+        StoredType::Candle(d) => d,
+        StoredType::Rewritten(Transcode::Iq4XsAsF32) => {
+            let mut out = Vec::new();
+            iq4xs::quantize(&values, &mut out);
+            return Ok(out);
+        }
+        StoredType::Rewritten(Transcode::Iq4NlAsQ8_0) => {
+            let mut out = Vec::new();
+            iq4xs::quantize_iq4_nl(&values, &mut out);
+            return Ok(out);
+        }
+    };
     Ok(match dtype {
         GgmlDType::F32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
         GgmlDType::F16 => values
@@ -578,11 +609,6 @@ fn encode(
             QTensor::quantize(&t, dtype)?.data()?.into_owned()
         }
     })
-}
-
-/// Bytes of a tensor of `elems` values stored as `dtype`.
-pub fn stored_bytes(elems: usize, dtype: GgmlDType) -> u64 {
-    (elems / dtype.block_size() * dtype.type_size()) as u64
 }
 
 #[cfg(test)]
@@ -663,6 +689,13 @@ mod tests {
         assert_eq!(of("blk.0.ffn_down.weight"), GgmlDType::Q6K);
         assert_eq!(of("blk.3.ffn_up.weight"), GgmlDType::Q4K);
         assert_eq!(of("blk.0.attn_norm.weight"), GgmlDType::F32);
+        // IQ4_XS where rows hold whole super-blocks, IQ4_NL elsewhere (rows of 64 here).
+        let iq4 = storage_types(&s, &plan, WeightType::Iq4Xs);
+        let rewritten = |t| StoredType::Rewritten(t);
+        assert_eq!(iq4[2], rewritten(Transcode::Iq4XsAsF32));
+        let small = storage_types(&tiny(), &tensor_plan(&tiny()), WeightType::Iq4Xs);
+        assert_eq!(small[2], rewritten(Transcode::Iq4NlAsQ8_0));
+        assert_eq!(format!("{:?}", small[2]), "IQ4_NL");
         // Rows of 64 cannot hold 256-value blocks: Q4_K falls back to Q5_0.
         let small = storage_types(&tiny(), &tensor_plan(&tiny()), WeightType::Q4K);
         assert_eq!(small[2], GgmlDType::Q5_0);
@@ -715,7 +748,14 @@ mod tests {
         for r in 0..rows {
             v.push_row(r, cols, &mut all);
         }
-        for dtype in [GgmlDType::Q4K, GgmlDType::Q8_0, GgmlDType::BF16] {
+        let iq4 = |t| StoredType::Rewritten(t);
+        for dtype in [
+            GgmlDType::Q4K.into(),
+            GgmlDType::Q8_0.into(),
+            GgmlDType::BF16.into(),
+            iq4(Transcode::Iq4XsAsF32),
+            iq4(Transcode::Iq4NlAsQ8_0),
+        ] {
             let whole = encode(all.clone(), rows, cols, dtype).unwrap();
             let mut streamed = Vec::new();
             let stream = RowStream {
@@ -733,7 +773,7 @@ mod tests {
                     },
                 )
                 .unwrap();
-            assert_eq!(n, stored_bytes(rows * cols, dtype));
+            assert_eq!(n, dtype.stored_bytes(rows * cols));
             assert_eq!(streamed, whole, "{dtype:?}");
         }
     }

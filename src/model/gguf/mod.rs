@@ -20,7 +20,7 @@ pub(crate) mod tests;
 pub mod transcode;
 
 pub use metadata::Value;
-pub use tensor_info::{ggml_dtype, ggml_type_name, RopePermute, TensorInfo};
+pub use tensor_info::{ggml_dtype, ggml_type_id, ggml_type_name, RopePermute, TensorInfo};
 
 /// Errors from opening or reading a GGUF file. Each message names the file.
 #[derive(Debug, thiserror::Error)]
@@ -45,7 +45,7 @@ pub enum GgufError {
     Corrupt { path: PathBuf, detail: String },
     #[error("{path}: {detail}")]
     Checkpoint { path: PathBuf, detail: String },
-    #[error("{path}: tensor '{tensor}' has type {type_name} (ggml type {type_id}), which ppl cannot compute with; supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K, IQ4_NL; re-quantize the model to one of them")]
+    #[error("{path}: tensor '{tensor}' has type {type_name} (ggml type {type_id}), which ppl cannot compute with; supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K, IQ4_NL, IQ4_XS; re-quantize the model to one of them")]
     UnsupportedType {
         path: PathBuf,
         tensor: String,

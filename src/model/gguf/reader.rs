@@ -247,7 +247,9 @@ impl GgufFile {
                     corrupt(format!("tensor '{name}' has dims {ne:?} that overflow"))
                 })?;
             }
-            let block = dtype.block_size() as u64;
+            // A rewritten type's rows hold whole stored blocks (IQ4_XS: 256 values), not
+            // merely whole blocks of the type it is computed as.
+            let block = transcode.map_or(dtype.block_size(), Transcode::block_size) as u64;
             if ne[0] % block != 0 {
                 return Err(corrupt(format!(
                     "tensor '{name}' has a row of {} elements, not a multiple of the {} block size {block}",

@@ -47,6 +47,27 @@ pub fn ggml_type_name(id: u32) -> String {
     name.to_string()
 }
 
+/// ggml's type id of a candle type (the inverse of [`ggml_dtype`]).
+pub fn ggml_type_id(dtype: GgmlDType) -> u32 {
+    match dtype {
+        GgmlDType::F32 => 0,
+        GgmlDType::F16 => 1,
+        GgmlDType::Q4_0 => 2,
+        GgmlDType::Q4_1 => 3,
+        GgmlDType::Q5_0 => 6,
+        GgmlDType::Q5_1 => 7,
+        GgmlDType::Q8_0 => 8,
+        GgmlDType::Q8_1 => 9,
+        GgmlDType::Q2K => 10,
+        GgmlDType::Q3K => 11,
+        GgmlDType::Q4K => 12,
+        GgmlDType::Q5K => 13,
+        GgmlDType::Q6K => 14,
+        GgmlDType::Q8K => 15,
+        GgmlDType::BF16 => 30,
+    }
+}
+
 /// The candle dtype for a ggml type id, when candle can compute with it.
 pub fn ggml_dtype(id: u32) -> Option<GgmlDType> {
     Some(match id {
@@ -92,6 +113,19 @@ pub struct TensorInfo {
     pub transcode: Option<Transcode>,
 }
 
+impl TensorInfo {
+    /// Values per stored block (a [`Transcode`]d type's own, IQ4_XS's 256).
+    pub fn block_size(&self) -> usize {
+        self.transcode
+            .map_or(self.dtype.block_size(), Transcode::block_size)
+    }
+
+    /// The stored type's name, as GGUF tools spell it.
+    pub fn type_name(&self) -> String {
+        ggml_type_name(self.type_id)
+    }
+}
+
 /// The row permutation llama.cpp's converter applies to Llama-style Q/K projections: within
 /// each head of `head_dim` rows, row `half * head_dim / 2 + i` moves to `2 * i + half`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -127,9 +161,26 @@ impl GgufFile {
             })
     }
 
-    /// The raw bytes of a tensor, after checking its shape (borrowed from the map, or
+    /// The bytes of a tensor in the type ppl computes with ([`TensorInfo::dtype`]), after
+    /// checking its shape (borrowed from the map, rewritten from a [`Transcode`]d type, or
     /// reordered for a checkpoint whose Q/K rows need [`RopePermute`]).
     pub fn tensor_data(
+        &self,
+        name: &str,
+        expected: &[usize],
+    ) -> Result<(&TensorInfo, std::borrow::Cow<'_, [u8]>)> {
+        let (info, stored) = self.tensor_stored(name, expected)?;
+        let data = match info.transcode {
+            Some(t) => std::borrow::Cow::Owned(t.apply(&stored)),
+            None => stored,
+        };
+        Ok((info, data))
+    }
+
+    /// The bytes of a tensor as stored (a [`Transcode`]d type not rewritten: our kernels take
+    /// it so), after checking its shape and that its values or scales are finite (borrowed
+    /// from the map, or reordered for a checkpoint whose Q/K rows need [`RopePermute`]).
+    pub fn tensor_stored(
         &self,
         name: &str,
         expected: &[usize],
@@ -153,23 +204,23 @@ impl GgufFile {
             info.offset as usize,
             info.size as usize,
         );
-        use std::borrow::Cow;
-        let data = match info.transcode {
-            Some(t) => Cow::Owned(t.apply(bytes)),
-            None => Cow::Borrowed(bytes),
+        let bad = match info.transcode {
+            Some(t) => t.first_non_finite(bytes),
+            None => crate::model::finite::first_non_finite(info.dtype, bytes),
         };
-        if let Some(detail) = crate::model::finite::first_non_finite(info.dtype, &data) {
+        if let Some(detail) = bad {
             return Err(GgufError::NonFinite {
                 path: self.path.clone(),
                 tensor: name.to_string(),
                 detail,
             });
         }
+        use std::borrow::Cow;
         let data = match info.permute {
-            None => data,
+            None => Cow::Borrowed(bytes),
             Some(p) => {
                 let rows = info.shape[0].max(1);
-                Cow::Owned(p.apply(&data, data.len() / rows))
+                Cow::Owned(p.apply(bytes, bytes.len() / rows))
             }
         };
         Ok((info, data))
@@ -178,7 +229,7 @@ impl GgufFile {
     /// A whole tensor's bytes where they lie in the map, for a kernel that uses them in place
     /// (`None` for a checkpoint tensor whose rows are reordered at load).
     pub fn mapped_bytes(&self, info: &TensorInfo) -> Option<crate::model::mapped::MappedBytes> {
-        if info.permute.is_some() || info.transcode.is_some() {
+        if info.permute.is_some() {
             return None;
         }
         crate::model::mapped::MappedBytes::new(

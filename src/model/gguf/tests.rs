@@ -191,10 +191,10 @@ fn iq4_nl_tensors_read_as_q8_0_of_their_values() {
     let info = g.tensor_info("w", "test").unwrap();
     assert_eq!((info.type_id, info.dtype), (20, GgmlDType::Q8_0));
     assert_eq!(info.size, stored.len() as u64);
-    assert!(
-        g.mapped_bytes(info).is_none(),
-        "the rewritten bytes are not the map's"
-    );
+    // Our kernels take the stored bytes, in place.
+    let (_, read) = g.tensor_stored("w", &[n, k]).unwrap();
+    assert_eq!(&read[..], &stored[..]);
+    assert_eq!(g.mapped_bytes(info).unwrap().bytes(), &stored[..]);
     let (_, data) = g.tensor_data("w", &[n, k]).unwrap();
     assert_eq!(data.len(), n * k / 32 * 34);
     let got = g
@@ -221,4 +221,48 @@ fn iq4_nl_tensors_read_as_q8_0_of_their_values() {
     let f = write(&image[..cut]);
     let msg = GgufFile::open(f.path()).unwrap_err().to_string();
     assert!(msg.contains("the data of tensor 'w' (108 bytes)"), "{msg}");
+}
+
+/// An IQ4_XS tensor (ggml type 23) opens with its stored size (136 bytes per 256 values),
+/// hands our kernels its stored bytes and candle its F32 values; rows that are not whole
+/// super-blocks are refused by name.
+#[test]
+fn iq4_xs_tensors_keep_their_bytes_and_read_as_f32() {
+    use crate::model::kernels::kquant::iq4xs::tests::{random_iq4xs, reference};
+    use candle_core::quantized::GgmlDType;
+    let (n, k) = (2usize, 256usize);
+    let stored = random_iq4xs(n, k, &mut 3);
+    let image = build_gguf_typed(&[], &[("w", vec![k as u64, n as u64], 23, stored.clone())]);
+    let f = write(&image);
+    let g = GgufFile::open(f.path()).unwrap();
+    let info = g.tensor_info("w", "test").unwrap();
+    assert_eq!(
+        (info.type_id, info.dtype, info.size),
+        (23, GgmlDType::F32, 272)
+    );
+    assert_eq!(
+        (info.block_size(), info.type_name().as_str()),
+        (256, "IQ4_XS")
+    );
+    let (_, read) = g.tensor_stored("w", &[n, k]).unwrap();
+    assert_eq!(&read[..], &stored[..]);
+    let (_, data) = g.tensor_data("w", &[n, k]).unwrap();
+    let values: Vec<f64> = data
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()) as f64)
+        .collect();
+    let want: Vec<f64> = (0..n * k)
+        .map(|i| reference(&stored[i / 256 * 136..][..136], i % 256))
+        .collect();
+    assert_eq!(values, want);
+
+    let half_rows = build_gguf_typed(&[], &[("w", vec![128, 2], 23, stored[..136].to_vec())]);
+    let f = write(&half_rows);
+    let msg = GgufFile::open(f.path()).unwrap_err().to_string();
+    assert!(
+        msg.contains(
+            "tensor 'w' has a row of 128 elements, not a multiple of the IQ4_XS block size 256"
+        ),
+        "{msg}"
+    );
 }

@@ -82,6 +82,8 @@ use std::sync::Arc;
 
 use candle_core::quantized::GgmlDType;
 
+use crate::model::gguf::transcode::Transcode;
+
 /// A weight matrix `[n, k]` (n outputs, k inputs) held for one of our kernels.
 pub trait OwnMatrix: Send + Sync {
     /// `(n, k)`.
@@ -148,6 +150,24 @@ pub fn own_matrix(
         _ => return None,
     };
     Some(m.ok_or_else(|| format!("a malformed {dtype:?} layout for [{n}, {k}]")))
+}
+
+/// Our kernel for a stored `[n, k]` matrix of a type the reader rewrites for candle
+/// ([`Transcode`]), on its stored bytes: IQ4_NL (18 bytes a block) and IQ4_XS (136 per
+/// super-block; rows not a multiple of 256 cannot be IQ4_XS, the reader refuses them).
+pub fn own_stored_matrix(
+    stored: Transcode,
+    bytes: &[u8],
+    n: usize,
+    k: usize,
+) -> Option<Result<Arc<dyn OwnMatrix>, String>> {
+    let m = match stored {
+        Transcode::Iq4NlAsQ8_0 => rows16::q4::Iq4NlRows16::from_bytes(bytes, n, k)
+            .map(|m| Arc::new(m) as Arc<dyn OwnMatrix>),
+        Transcode::Iq4XsAsF32 => rows16::iq4xs::Iq4XsRows16::from_bytes(bytes, n, k)
+            .map(|m| Arc::new(m) as Arc<dyn OwnMatrix>),
+    };
+    Some(m.ok_or_else(|| format!("a malformed {} layout for [{n}, {k}]", stored.stored_name())))
 }
 
 /// The F32 kernel on `[n, k]` f32 values (a matrix dequantized for `--precision f32`); `None`

@@ -52,13 +52,15 @@ impl Linear {
         precision: Precision,
     ) -> Result<Option<Self>> {
         let [n, k] = *raw.shape else { return Ok(None) };
-        if precision == Precision::F32 && raw.dtype != GgmlDType::F32 {
-            let values = dequantized(&raw.bytes, raw.dtype, n * k, name)?;
+        if precision == Precision::F32 && (raw.dtype != GgmlDType::F32 || raw.stored.is_some()) {
+            let values = dequantized(&raw.computed(), raw.dtype, n * k, name)?;
             return Self::own_f32(values, &raw.shape, name);
         }
-        let own = match &raw.mapped {
-            Some(mapped) => kernels::own_matrix_in_place(raw.dtype, mapped, n, k),
-            None => kernels::own_matrix(raw.dtype, &raw.bytes, n, k),
+        let own = match (raw.stored, &raw.mapped) {
+            // A type read as another (IQ4_NL, IQ4_XS): our kernel of the stored type.
+            (Some(stored), _) => kernels::own_stored_matrix(stored, &raw.bytes, n, k),
+            (None, Some(mapped)) => kernels::own_matrix_in_place(raw.dtype, mapped, n, k),
+            (None, None) => kernels::own_matrix(raw.dtype, &raw.bytes, n, k),
         };
         Self::own_result(own, name)
     }
@@ -344,8 +346,7 @@ pub(super) fn qtensor(raw: &RawTensor<'_>, name: &str, device: &Device) -> Resul
         name: name.to_string(),
         detail: e.to_string(),
     };
-    let storage =
-        QStorage::from_data(Cow::Borrowed(&raw.bytes[..]), device, raw.dtype).map_err(err)?;
+    let storage = QStorage::from_data(raw.computed(), device, raw.dtype).map_err(err)?;
     QTensor::new(storage, raw.shape.as_slice()).map_err(err)
 }
 

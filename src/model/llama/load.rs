@@ -93,8 +93,28 @@ impl Llama {
             Some(Linear::Own(m)) if part.embed && quant_embd.is_none() => Some(m.clone()),
             _ => None,
         };
+        // An untied table of a type read as another (IQ4_NL, IQ4_XS) stays in its stored form
+        // in our kernel, whose rows serve the lookups: candle's form of IQ4_XS is F32, 7.5
+        // times the bytes.
+        let table_own = match &embd_raw {
+            Some(raw)
+                if tied_own.is_none()
+                    && part.embed
+                    && quant_embd.is_none()
+                    && raw.stored.is_some()
+                    && precision == Precision::Native
+                    && own_kernels(precision, kernels) =>
+            {
+                match Linear::own(raw, "token_embd.weight", precision)? {
+                    Some(Linear::Own(m)) => Some(m),
+                    _ => None,
+                }
+            }
+            _ => tied_own,
+        };
+        let tied_head_on_candle = output.is_none() && part.head && config.tied_embeddings;
         let embd = match &embd_raw {
-            Some(raw) if output.is_none() || (part.embed && tied_own.is_none()) => {
+            Some(raw) if tied_head_on_candle || (part.embed && table_own.is_none()) => {
                 // On the host first: several layouts derive from it, each placed on `device`.
                 Some(Arc::new(qtensor(raw, "token_embd.weight", &Device::Cpu)?))
             }
@@ -103,7 +123,7 @@ impl Llama {
         if let Some(raw) = embd_raw {
             release(g, &raw, "token_embd.weight");
         }
-        if let Some(m) = tied_own {
+        if let Some(m) = table_own {
             embedding = Some(EmbeddingTable::Own(m));
         }
         // A tied table follows the output layer's type (as llama.cpp's quantizer).

@@ -12,9 +12,8 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use candle_core::quantized::GgmlDType;
-
-use super::{stored_bytes, SynthError};
+use super::SynthError;
+use crate::model::gguf::transcode::StoredType;
 use crate::model::gguf::Value;
 
 /// Data alignment (the GGUF default; written as `general.alignment` too).
@@ -26,13 +25,13 @@ pub struct TensorEntry {
     pub name: String,
     /// Dimensions outermost first.
     pub shape: Vec<usize>,
-    pub dtype: GgmlDType,
+    pub dtype: StoredType,
 }
 
 impl TensorEntry {
     /// Bytes of the tensor's data.
     pub fn size(&self) -> u64 {
-        stored_bytes(self.shape.iter().product(), self.dtype)
+        self.dtype.stored_bytes(self.shape.iter().product())
     }
 }
 
@@ -42,27 +41,6 @@ pub struct Layout {
     header: Vec<u8>,
     /// (tensor, offset from the start of the data section).
     tensors: Vec<(TensorEntry, u64)>,
-}
-
-/// ggml's type id of a candle type.
-fn ggml_type_id(dtype: GgmlDType) -> u32 {
-    match dtype {
-        GgmlDType::F32 => 0,
-        GgmlDType::F16 => 1,
-        GgmlDType::Q4_0 => 2,
-        GgmlDType::Q4_1 => 3,
-        GgmlDType::Q5_0 => 6,
-        GgmlDType::Q5_1 => 7,
-        GgmlDType::Q8_0 => 8,
-        GgmlDType::Q8_1 => 9,
-        GgmlDType::Q2K => 10,
-        GgmlDType::Q3K => 11,
-        GgmlDType::Q4K => 12,
-        GgmlDType::Q5K => 13,
-        GgmlDType::Q6K => 14,
-        GgmlDType::Q8K => 15,
-        GgmlDType::BF16 => 30,
-    }
 }
 
 /// GGUF's metadata value type id.
@@ -155,7 +133,7 @@ impl Layout {
             for &d in t.shape.iter().rev() {
                 h.extend_from_slice(&(d as u64).to_le_bytes());
             }
-            h.extend_from_slice(&ggml_type_id(t.dtype).to_le_bytes());
+            h.extend_from_slice(&t.dtype.type_id().to_le_bytes());
             h.extend_from_slice(&offset.to_le_bytes());
             let next = offset + t.size().div_ceil(ALIGNMENT) * ALIGNMENT;
             placed.push((t, offset));
@@ -256,14 +234,14 @@ pub(crate) fn temp_path(out: &Path) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use candle_core::quantized::gguf_file;
+    use candle_core::quantized::{gguf_file, GgmlDType};
     use candle_core::Device;
 
     fn entries() -> Vec<TensorEntry> {
-        let e = |name: &str, shape: &[usize], dtype| TensorEntry {
+        let e = |name: &str, shape: &[usize], dtype: GgmlDType| TensorEntry {
             name: name.into(),
             shape: shape.to_vec(),
-            dtype,
+            dtype: dtype.into(),
         };
         vec![
             e("a.weight", &[3], GgmlDType::F32),
@@ -321,7 +299,7 @@ mod tests {
         for (t, offset) in layout.tensors() {
             let info = &c.tensor_infos[&t.name];
             assert_eq!(info.offset, *offset, "{}", t.name);
-            assert_eq!(info.ggml_dtype, t.dtype);
+            assert_eq!(t.dtype, info.ggml_dtype);
             assert_eq!(info.shape.dims(), t.shape.as_slice());
         }
         assert_eq!(
@@ -362,7 +340,7 @@ mod tests {
         let bad = vec![TensorEntry {
             name: "q".into(),
             shape: vec![2, 48],
-            dtype: GgmlDType::Q8_0,
+            dtype: GgmlDType::Q8_0.into(),
         }];
         let err = Layout::new(&[], bad).unwrap_err().to_string();
         assert!(err.contains("rows of 48 values"), "{err}");

@@ -191,7 +191,7 @@ pub fn write_checkpoint(
             bytes,
             types: named
                 .iter()
-                .map(|(n, _)| (n.clone(), GgmlDType::BF16))
+                .map(|(n, _)| (n.clone(), GgmlDType::BF16.into()))
                 .collect(),
         })
     })();

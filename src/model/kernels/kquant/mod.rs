@@ -15,6 +15,7 @@
 //! that computed them before, one weight row per lane group with a horizontal sum per output,
 //! were removed once every level of the driver had been shown to give their bits).
 
+pub mod iq4xs;
 pub mod q2k;
 pub mod q3k;
 pub mod q4k;

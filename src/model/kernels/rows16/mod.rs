@@ -1,6 +1,6 @@
 //! The interleaved-rows kernels, one driver generic over the weight format: Q4_0, Q4_1,
-//! IQ4_NL, Q8_0, Q5_0 and Q5_1 × Q8_0 activations, Q2_K, Q3_K, Q4_K, Q5_K and Q6_K × Q8_K
-//! activations.
+//! IQ4_NL, Q8_0, Q5_0 and Q5_1 × Q8_0 activations, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS
+//! × Q8_K activations.
 //!
 //! Why one design for all of them: a kernel that gives each weight row one 32-bit lane forms
 //! every output's integer block sum in its own lane (a broadcast of four activation bytes
@@ -29,6 +29,7 @@
 //! performs the same float operations per output in the same order, so every level gives the
 //! same bits, whatever the thread count, the panel a row lands in or its neighbours.
 
+pub mod iq4xs;
 pub mod q2k;
 pub mod q3k;
 pub mod q4;

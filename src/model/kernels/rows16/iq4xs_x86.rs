@@ -1,0 +1,155 @@
+//! The x86 micro-kernels of [`super`]: one 32-bit lane per weight row of the group, so each
+//! output's scaled sub-block sums form in its own lane; the same exact integer per
+//! super-block and the same float operation per output as [`super::Iq4Xs`]'s portable
+//! definition.
+
+use super::super::q4::IQ4_NL_BYTES;
+use super::super::shared_x86::{self as shared, AVX2_ROWS as ROWS};
+use super::super::Format;
+use super::{GroupOut, Iq4Xs, XsJob, INDICES, IQ4_NL_VALUES, SCALES, SUB_BLOCKS, SUB_BLOCK_BYTES};
+use crate::model::kernels::kquant::q8k::SUB_BLOCK_PAIRS;
+use crate::model::kernels::panel::PANEL;
+use std::arch::x86_64::*;
+
+/// Four activation bytes of panel entry `i` (super-block and row), from byte `at`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn activation_word(job: &XsJob<'_>, i: usize, at: usize) -> i32 {
+    (job.a.qs.as_ptr().add(i) as *const u8)
+        .add(at)
+        .cast::<i32>()
+        .read_unaligned()
+}
+
+/// Row `r`'s activation sums of sub-blocks `2t` and `2t + 1` of super-block `b`, as two i16.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn sub_block_sum_pair(job: &XsJob<'_>, b: usize, t: usize, r: usize) -> i32 {
+    (job.a.sub_block_sums.as_ptr().add(b * SUB_BLOCK_PAIRS + t) as *const i16)
+        .add(2 * r)
+        .cast::<i32>()
+        .read_unaligned()
+}
+
+/// Activation byte where step `step` of a sub-block's products starts: steps 0..4 meet the
+/// runs' low nibbles (values `4t..4t + 4`), steps 4..8 their high ones (`16 + 4t..`).
+#[inline(always)]
+fn step_offset(step: usize) -> usize {
+    4 * (step % 4) + 16 * (step / 4)
+}
+
+/// Sixteen weight rows per 512-bit register; each index looked up as `table + 128`, VNNI
+/// forms each lane's four products per step, `vpdpwssd` two sub-blocks' `scale·Σq_a` per step
+/// for the `−128·` correction.
+///
+/// # Safety
+/// The CPU must support AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C; the job's lengths were
+/// checked by the caller.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(super) unsafe fn group_avx512(job: &XsJob<'_>) -> GroupOut {
+    let low = _mm512_set1_epi8(0x0F);
+    let table = _mm512_broadcast_i32x4(_mm_loadu_si128(IQ4_NL_BYTES.as_ptr() as *const __m128i));
+    let mut acc = [_mm512_setzero_ps(); PANEL];
+    for b in 0..job.nb {
+        let src = job.group.as_ptr().add(b * Iq4Xs::GROUP_BLOCK_BYTES);
+        let mut sums = [_mm512_setzero_si512(); PANEL];
+        let scale =
+            |s: usize| _mm512_cvtepi8_epi32(_mm_loadu_si128(src.add(SCALES + 16 * s) as *const _));
+        for s in 0..SUB_BLOCKS {
+            let w: [__m512i; 8] = std::array::from_fn(|step| {
+                let at = INDICES + SUB_BLOCK_BYTES * s + 64 * (step % 4);
+                let raw = _mm512_loadu_si512(src.add(at) as *const _);
+                let nibbles = if step < 4 {
+                    _mm512_and_si512(raw, low)
+                } else {
+                    _mm512_and_si512(_mm512_srli_epi16::<4>(raw), low)
+                };
+                _mm512_shuffle_epi8(table, nibbles)
+            });
+            let scale = scale(s);
+            for (r, sum) in sums.iter_mut().enumerate() {
+                let i = b * PANEL + r;
+                let mut t = _mm512_setzero_si512();
+                for (step, w) in w.iter().enumerate() {
+                    let a = _mm512_set1_epi32(activation_word(job, i, 32 * s + step_offset(step)));
+                    t = _mm512_dpbusd_epi32(t, *w, a);
+                }
+                *sum = _mm512_add_epi32(*sum, _mm512_mullo_epi32(t, scale));
+            }
+        }
+        // Σ_s scale_s·Σq_a over the sub-blocks, two per step: each lane's low i16 the even
+        // sub-block's scale, its high one the odd one's.
+        let mut offsets = [_mm512_setzero_si512(); PANEL];
+        for t in 0..SUB_BLOCK_PAIRS {
+            let even = _mm512_and_si512(scale(2 * t), _mm512_set1_epi32(0xFFFF));
+            let pair = _mm512_or_si512(even, _mm512_slli_epi32::<16>(scale(2 * t + 1)));
+            for (r, offset) in offsets.iter_mut().enumerate() {
+                let a = _mm512_set1_epi32(sub_block_sum_pair(job, b, t, r));
+                *offset = _mm512_dpwssd_epi32(*offset, pair, a);
+            }
+        }
+        let dw = _mm512_cvtph_ps(_mm256_loadu_si256(src as *const __m256i));
+        for r in 0..PANEL {
+            let sum = _mm512_sub_epi32(sums[r], _mm512_slli_epi32::<7>(offsets[r]));
+            let da = _mm512_set1_ps(*job.a.d.get_unchecked(b * PANEL + r));
+            acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(dw, da), _mm512_cvtepi32_ps(sum), acc[r]);
+        }
+    }
+    crate::model::kernels::avx512::lanes_to_outputs(&acc)
+}
+
+/// Eight weight rows per 256-bit register (the group in two halves), four panel rows per
+/// pass; each index looked up as its signed table value, `maddubs` + `madd` form each lane's
+/// four products per step as `|value|` times `q_a` with the value's sign (a pair is at most
+/// 2·127·127 = 32258, no saturation; two pairs may exceed 2¹⁵, so every step is widened on
+/// its own), then one `mullo` per sub-block applies its scale.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C; the job's lengths were checked by the caller.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn group_avx2(job: &XsJob<'_>) -> GroupOut {
+    let low = _mm256_set1_epi8(0x0F);
+    let ones = _mm256_set1_epi16(1);
+    let table =
+        _mm256_broadcastsi128_si256(_mm_loadu_si128(IQ4_NL_VALUES.as_ptr() as *const __m128i));
+    shared::passes_avx2(|half, r0| {
+        let mut acc = [_mm256_setzero_ps(); ROWS];
+        for b in 0..job.nb {
+            let src = job.group.as_ptr().add(b * Iq4Xs::GROUP_BLOCK_BYTES);
+            let mut sums = [_mm256_setzero_si256(); ROWS];
+            for s in 0..SUB_BLOCKS {
+                let mut dots = [_mm256_setzero_si256(); ROWS];
+                for t in 0..4 {
+                    let at = INDICES + SUB_BLOCK_BYTES * s + 64 * t + 32 * half;
+                    let raw = _mm256_loadu_si256(src.add(at) as *const __m256i);
+                    let nibbles = [
+                        _mm256_and_si256(raw, low),
+                        _mm256_and_si256(_mm256_srli_epi16::<4>(raw), low),
+                    ];
+                    for (h, nibbles) in nibbles.into_iter().enumerate() {
+                        let w = _mm256_shuffle_epi8(table, nibbles);
+                        let abs = _mm256_sign_epi8(w, w);
+                        for (dr, dot) in dots.iter_mut().enumerate() {
+                            let i = b * PANEL + r0 + dr;
+                            let at = 32 * s + step_offset(t + 4 * h);
+                            let a = _mm256_set1_epi32(activation_word(job, i, at));
+                            let pairs = _mm256_maddubs_epi16(abs, _mm256_sign_epi8(a, w));
+                            *dot = _mm256_add_epi32(*dot, _mm256_madd_epi16(pairs, ones));
+                        }
+                    }
+                }
+                let at = SCALES + 16 * s + 8 * half;
+                let scale = _mm256_cvtepi8_epi32(_mm_loadl_epi64(src.add(at) as *const __m128i));
+                for (sum, dot) in sums.iter_mut().zip(dots) {
+                    *sum = _mm256_add_epi32(*sum, _mm256_mullo_epi32(dot, scale));
+                }
+            }
+            let dw = _mm256_cvtph_ps(_mm_loadu_si128(src.add(16 * half) as *const __m128i));
+            for (dr, (acc, sum)) in acc.iter_mut().zip(sums).enumerate() {
+                let da = _mm256_set1_ps(*job.a.d.get_unchecked(b * PANEL + r0 + dr));
+                *acc = _mm256_fmadd_ps(_mm256_mul_ps(dw, da), _mm256_cvtepi32_ps(sum), *acc);
+            }
+        }
+        acc
+    })
+}
