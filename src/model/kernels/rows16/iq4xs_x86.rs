@@ -5,31 +5,12 @@
 
 use super::super::q4::IQ4_NL_BYTES;
 use super::super::shared_x86::{self as shared, AVX2_ROWS as ROWS};
+use super::super::shared_x86::{q8k_word as activation_word, sub_block_sum_pair};
 use super::super::Format;
 use super::{GroupOut, Iq4Xs, XsJob, INDICES, IQ4_NL_VALUES, SCALES, SUB_BLOCKS, SUB_BLOCK_BYTES};
 use crate::model::kernels::kquant::q8k::SUB_BLOCK_PAIRS;
 use crate::model::kernels::panel::PANEL;
 use std::arch::x86_64::*;
-
-/// Four activation bytes of panel entry `i` (super-block and row), from byte `at`.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn activation_word(job: &XsJob<'_>, i: usize, at: usize) -> i32 {
-    (job.a.qs.as_ptr().add(i) as *const u8)
-        .add(at)
-        .cast::<i32>()
-        .read_unaligned()
-}
-
-/// Row `r`'s activation sums of sub-blocks `2t` and `2t + 1` of super-block `b`, as two i16.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn sub_block_sum_pair(job: &XsJob<'_>, b: usize, t: usize, r: usize) -> i32 {
-    (job.a.sub_block_sums.as_ptr().add(b * SUB_BLOCK_PAIRS + t) as *const i16)
-        .add(2 * r)
-        .cast::<i32>()
-        .read_unaligned()
-}
 
 /// Activation byte where step `step` of a sub-block's products starts: steps 0..4 meet the
 /// runs' low nibbles (values `4t..4t + 4`), steps 4..8 their high ones (`16 + 4t..`).
@@ -99,17 +80,14 @@ pub(super) unsafe fn group_avx512(job: &XsJob<'_>) -> GroupOut {
 }
 
 /// Eight weight rows per 256-bit register (the group in two halves), four panel rows per
-/// pass; each index looked up as its signed table value, `maddubs` + `madd` form each lane's
-/// four products per step as `|value|` times `q_a` with the value's sign (a pair is at most
-/// 2·127·127 = 32258, no saturation; two pairs may exceed 2¹⁵, so every step is widened on
-/// its own), then one `mullo` per sub-block applies its scale.
+/// pass; each index looked up as its signed table value, `|value|` times `q_a` with the
+/// value's sign ([`shared::signed_table_step_avx2`]), then one `mullo` per sub-block applies
+/// its scale.
 ///
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C; the job's lengths were checked by the caller.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn group_avx2(job: &XsJob<'_>) -> GroupOut {
-    let low = _mm256_set1_epi8(0x0F);
-    let ones = _mm256_set1_epi16(1);
     let table =
         _mm256_broadcastsi128_si256(_mm_loadu_si128(IQ4_NL_VALUES.as_ptr() as *const __m128i));
     shared::passes_avx2(|half, r0| {
@@ -122,21 +100,11 @@ pub(super) unsafe fn group_avx2(job: &XsJob<'_>) -> GroupOut {
                 for t in 0..4 {
                     let at = INDICES + SUB_BLOCK_BYTES * s + 64 * t + 32 * half;
                     let raw = _mm256_loadu_si256(src.add(at) as *const __m256i);
-                    let nibbles = [
-                        _mm256_and_si256(raw, low),
-                        _mm256_and_si256(_mm256_srli_epi16::<4>(raw), low),
-                    ];
-                    for (h, nibbles) in nibbles.into_iter().enumerate() {
-                        let w = _mm256_shuffle_epi8(table, nibbles);
-                        let abs = _mm256_sign_epi8(w, w);
-                        for (dr, dot) in dots.iter_mut().enumerate() {
-                            let i = b * PANEL + r0 + dr;
-                            let at = 32 * s + step_offset(t + 4 * h);
-                            let a = _mm256_set1_epi32(activation_word(job, i, at));
-                            let pairs = _mm256_maddubs_epi16(abs, _mm256_sign_epi8(a, w));
-                            *dot = _mm256_add_epi32(*dot, _mm256_madd_epi16(pairs, ones));
-                        }
-                    }
+                    let word = |h: usize, dr: usize| {
+                        let at = 32 * s + step_offset(t + 4 * h);
+                        activation_word(job, b * PANEL + r0 + dr, at)
+                    };
+                    shared::signed_table_step_avx2(raw, table, word, &mut dots);
                 }
                 let at = SCALES + 16 * s + 8 * half;
                 let scale = _mm256_cvtepi8_epi32(_mm_loadl_epi64(src.add(at) as *const __m128i));

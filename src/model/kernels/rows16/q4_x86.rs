@@ -139,18 +139,15 @@ pub(super) unsafe fn group_avx2<const MIN: bool>(job: &Q4Job<'_>) -> GroupOut {
 
 /// IQ4_NL: eight weight rows per 256-bit register, four panel rows per pass, each nibble
 /// looked up as its signed table value; `maddubs` + `madd` form each lane's four products per
-/// step as `|value|` times `q_a` with the value's sign (llama.cpp's way: a pair is at most
-/// 2·127·127 = 32258, no saturation, but two pairs may exceed 2¹⁵, so every step is widened
-/// on its own), with no offset: the integer `Σ table[n]·q_a` the other levels form as
-/// `Σ (table[n] + 128)·q_a − 128·Σq_a`.
+/// step as `|value|` times `q_a` with the value's sign (llama.cpp's way:
+/// [`shared::signed_table_step_avx2`]), with no offset: the integer `Σ table[n]·q_a` the other
+/// levels form as `Σ (table[n] + 128)·q_a − 128·Σq_a`.
 ///
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C; the job's lengths were checked by the caller.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn group_avx2_signed_table(job: &Q4Job<'_>) -> GroupOut {
     type Nl = FourBit<false, true>;
-    let low = _mm256_set1_epi8(0x0F);
-    let ones = _mm256_set1_epi16(1);
     let table =
         _mm256_broadcastsi128_si256(_mm_loadu_si128(IQ4_NL_VALUES.as_ptr() as *const __m128i));
     shared::passes_avx2(|half, r0| {
@@ -161,20 +158,9 @@ pub(super) unsafe fn group_avx2_signed_table(job: &Q4Job<'_>) -> GroupOut {
             for t in 0..4 {
                 let at = Nl::NIBBLES + 64 * t + 32 * half;
                 let raw = _mm256_loadu_si256(src.add(at) as *const __m256i);
-                let nibbles = [
-                    _mm256_and_si256(raw, low),
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(raw), low),
-                ];
-                for (h, nibbles) in nibbles.into_iter().enumerate() {
-                    let w = _mm256_shuffle_epi8(table, nibbles);
-                    let abs = _mm256_sign_epi8(w, w);
-                    for (dr, s) in sums.iter_mut().enumerate() {
-                        let i = b * PANEL + r0 + dr;
-                        let a = _mm256_set1_epi32(activation_word(job, i, t + 4 * h));
-                        let pairs = _mm256_maddubs_epi16(abs, _mm256_sign_epi8(a, w));
-                        *s = _mm256_add_epi32(*s, _mm256_madd_epi16(pairs, ones));
-                    }
-                }
+                let word =
+                    |h: usize, dr: usize| activation_word(job, b * PANEL + r0 + dr, t + 4 * h);
+                shared::signed_table_step_avx2(raw, table, word, &mut sums);
             }
             let scales = shared::scales_avx2::<false>(src, half);
             for (dr, (acc, s)) in acc.iter_mut().zip(sums).enumerate() {

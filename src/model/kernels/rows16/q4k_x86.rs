@@ -6,6 +6,7 @@
 use super::super::shared_x86::{self as shared, AVX2_ROWS as ROWS};
 use super::super::shared_x86::{assert_pairs, load_acc, pair_block, store_acc};
 use super::super::shared_x86::{pipeline_units, PairSums, FULL_TILES, STAGED_TILE};
+use super::super::shared_x86::{q8k_word as activation_word, sub_block_sum_pair};
 use super::super::tiles::Tiles;
 use super::super::{Format, StagedAcc, StagedJob};
 use super::{
@@ -18,26 +19,6 @@ use crate::model::kernels::kquant::QK_K;
 use crate::model::kernels::panel::PANEL;
 use std::arch::x86_64::*;
 use std::ops::Range;
-
-/// Four activation bytes of panel entry `i` (super-block and row), from byte `at`.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn activation_word(job: &KJob<'_>, i: usize, at: usize) -> i32 {
-    (job.a.qs.as_ptr().add(i) as *const u8)
-        .add(at)
-        .cast::<i32>()
-        .read_unaligned()
-}
-
-/// Row `r`'s activation sums of sub-blocks `2t` and `2t + 1` of super-block `b`, as two i16.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn sub_block_sum_pair(job: &KJob<'_>, b: usize, t: usize, r: usize) -> i32 {
-    (job.a.sub_block_sums.as_ptr().add(b * SUB_BLOCK_PAIRS + t) as *const i16)
-        .add(2 * r)
-        .cast::<i32>()
-        .read_unaligned()
-}
 
 /// Bytes of one super-block of a group.
 const fn block_bytes<const HIGH: bool>() -> usize {

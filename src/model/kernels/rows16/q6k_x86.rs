@@ -4,6 +4,7 @@
 //! per output as the portable kernel. Q6_K's values are unpacked here too
 //! ([`q6k_values_avx2`], [`q6k_values_avx512`]).
 
+use super::super::shared_x86::q8k_word as activation_word;
 use super::super::shared_x86::{self as shared, AVX2_ROWS as ROWS};
 use super::super::shared_x86::{assert_pairs, load_acc, pair_block, store_acc};
 use super::super::shared_x86::{pipeline_units, PairSums, FULL_TILES, STAGED_TILE};
@@ -15,16 +16,6 @@ use crate::model::kernels::kquant::QK_K;
 use crate::model::kernels::panel::PANEL;
 use std::arch::x86_64::*;
 use std::ops::Range;
-
-/// Four activation bytes of panel entry `i` (super-block and row), from byte `at`.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn activation_word(job: &Q6KJob<'_>, i: usize, at: usize) -> i32 {
-    (job.a.qs.as_ptr().add(i) as *const u8)
-        .add(at)
-        .cast::<i32>()
-        .read_unaligned()
-}
 
 /// Every sub-block's offset, `−2^OFFSET_BITS·bsum` (the values' offset through the activation
 /// sum), of super-block `b` for the panel's rows, `[row][sub-block]`:

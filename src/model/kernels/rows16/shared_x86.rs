@@ -10,6 +10,72 @@ use crate::model::kernels::kquant::QK_K;
 use crate::model::kernels::panel::PANEL;
 use std::arch::x86_64::*;
 
+/// One step of the AVX2 kernels of IQ4_NL's table (IQ4_NL, IQ4_XS): `raw`, 32 bytes of index
+/// pairs (eight weight rows × four bytes), each nibble looked up in `table` (the signed values
+/// in both 128-bit lanes), times the activations with the values' signs: adds to `dots[dr]`
+/// the products of the low nibbles with the four bytes `word(0, dr)` and of the high nibbles
+/// with `word(1, dr)`. `maddubs` takes `|value|` and the activation with the value's sign (a
+/// pair is at most 2·127·127 = 32258: no saturation; two pairs may exceed 2¹⁵, so every step
+/// is widened on its own by `madd`).
+///
+/// # Safety
+/// The CPU must support AVX2; `word` reads only what the caller's job holds.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn signed_table_step_avx2(
+    raw: __m256i,
+    table: __m256i,
+    word: impl Fn(usize, usize) -> i32,
+    dots: &mut [__m256i; AVX2_ROWS],
+) {
+    let low = _mm256_set1_epi8(0x0F);
+    let ones = _mm256_set1_epi16(1);
+    let nibbles = [
+        _mm256_and_si256(raw, low),
+        _mm256_and_si256(_mm256_srli_epi16::<4>(raw), low),
+    ];
+    for (h, nibbles) in nibbles.into_iter().enumerate() {
+        let w = _mm256_shuffle_epi8(table, nibbles);
+        let abs = _mm256_sign_epi8(w, w);
+        for (dr, dot) in dots.iter_mut().enumerate() {
+            let a = _mm256_set1_epi32(word(h, dr));
+            let pairs = _mm256_maddubs_epi16(abs, _mm256_sign_epi8(a, w));
+            *dot = _mm256_add_epi32(*dot, _mm256_madd_epi16(pairs, ones));
+        }
+    }
+}
+
+/// A job of the formats on Q8_K activations (the K-quants, IQ4_XS).
+pub(crate) type Q8KJob<'a> = Job<'a, Q8KPanel<'a>>;
+
+/// Four Q8_K activation bytes of panel entry `i` (super-block and row), from byte `at`.
+///
+/// # Safety
+/// `i` is an entry of the panel and `at + 4 ≤ 256` (the callers' loops keep both).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn q8k_word(job: &Q8KJob<'_>, i: usize, at: usize) -> i32 {
+    (job.a.qs.as_ptr().add(i) as *const u8)
+        .add(at)
+        .cast::<i32>()
+        .read_unaligned()
+}
+
+/// Row `r`'s activation sums of sub-blocks `2t` and `2t + 1` of super-block `b`, as two i16
+/// (one `madd`/`vpdpwssd` operand against a pair of per-sub-block weights).
+///
+/// # Safety
+/// `b` is a super-block of the panel, `t` < `SUB_BLOCK_PAIRS`, `r` < `PANEL`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn sub_block_sum_pair(job: &Q8KJob<'_>, b: usize, t: usize, r: usize) -> i32 {
+    use crate::model::kernels::kquant::q8k::SUB_BLOCK_PAIRS;
+    (job.a.sub_block_sums.as_ptr().add(b * SUB_BLOCK_PAIRS + t) as *const i16)
+        .add(2 * r)
+        .cast::<i32>()
+        .read_unaligned()
+}
+
 /// A group block's sixteen `d` and (`MIN`) sixteen `m` as f32 lanes (`m` zero otherwise).
 ///
 /// # Safety
