@@ -19,8 +19,9 @@
 //! and subtracts `128·Σ_s (ls_s − 32)·Σq_a` (two sub-blocks per `vpdpwssd` against the
 //! activations' sub-block sums); the AVX2 path (eight rows) multiplies `|table[index]|` by the
 //! activation with the value's sign, widening every step (a pair is at most 2·127·127); the
-//! portable one takes the signed values. So every level gives the same bits. No tile kernel:
-//! the tile level runs the AVX-512 one.
+//! portable one takes the signed values; the AMX path stages each value times its scale as two
+//! signed bytes (`|table·(ls − 32)| ≤ 127·32`) and forms the super-block's integer in the tiles
+//! ([`super::scaled_tiles_x86`], as Q6_K's). So every level gives the same bits.
 
 use half::f16;
 
@@ -68,7 +69,6 @@ impl Format for Iq4Xs {
     const NAME: &'static str = "IQ4_XS";
     const FILE_BLOCK_BYTES: usize = Iq4XsBlock::FILE_BYTES;
     const GROUP_BLOCK_BYTES: usize = INDICES + SUB_BLOCKS * SUB_BLOCK_BYTES;
-    const TILES: bool = false;
 
     fn pack(file: &[u8], dst: &mut [u8], lane: usize) {
         let blk = Iq4XsBlock::decode(file);
@@ -127,6 +127,34 @@ impl Format for Iq4Xs {
     #[cfg(target_arch = "x86_64")]
     unsafe fn avx512(job: &XsJob<'_>) -> GroupOut {
         x86::group_avx512(job)
+    }
+
+    /// Each value times its sub-block's scale as two signed bytes (`|p| ≤ 127·32`).
+    const STAGED_BLOCK_BYTES: usize = super::scaled_staged_bytes(2);
+
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn stage(group: &[u8], nb: usize, blocks: std::ops::Range<usize>, staged: &mut [u8]) {
+        x86::stage_scaled_values(group, nb, blocks, staged)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    fn stage_pairs(panels: &[Q8KPanel<'_>], nb: usize) -> Vec<u8> {
+        super::shared_x86::stage_pairs(panels, nb)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn amx_staged<T: super::tiles::Tiles>(
+        tiles: &mut T,
+        job: &super::StagedJob<'_, Q8KPanel<'_>>,
+        acc: &mut [super::StagedAcc],
+    ) {
+        let group = (Self::GROUP_BLOCK_BYTES, x86::float_step as _);
+        super::scaled_tiles_x86::run_scaled::<T, 2>(tiles, job, acc, group)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn staged_outputs(acc: &super::StagedAcc) -> GroupOut {
+        super::scaled_tiles_x86::staged_outputs(acc, false)
     }
 }
 

@@ -4,9 +4,10 @@
 //! definition.
 
 use super::super::q4::IQ4_NL_BYTES;
+use super::super::scaled_tiles_x86::{accumulate_super_block, scales_in_both_halves, stage_row};
 use super::super::shared_x86::{self as shared, AVX2_ROWS as ROWS};
 use super::super::shared_x86::{q8k_word as activation_word, sub_block_sum_pair};
-use super::super::Format;
+use super::super::{scaled_staged_bytes, Format};
 use super::{GroupOut, Iq4Xs, XsJob, INDICES, IQ4_NL_VALUES, SCALES, SUB_BLOCKS, SUB_BLOCK_BYTES};
 use crate::model::kernels::kquant::q8k::SUB_BLOCK_PAIRS;
 use crate::model::kernels::panel::PANEL;
@@ -69,12 +70,9 @@ pub(super) unsafe fn group_avx512(job: &XsJob<'_>) -> GroupOut {
                 *offset = _mm512_dpwssd_epi32(*offset, pair, a);
             }
         }
-        let dw = _mm512_cvtph_ps(_mm256_loadu_si256(src as *const __m256i));
-        for r in 0..PANEL {
-            let sum = _mm512_sub_epi32(sums[r], _mm512_slli_epi32::<7>(offsets[r]));
-            let da = _mm512_set1_ps(*job.a.d.get_unchecked(b * PANEL + r));
-            acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(dw, da), _mm512_cvtepi32_ps(sum), acc[r]);
-        }
+        let sums: [__m512i; PANEL] =
+            std::array::from_fn(|r| _mm512_sub_epi32(sums[r], _mm512_slli_epi32::<7>(offsets[r])));
+        accumulate_super_block(job, src, b, &sums, &mut acc);
     }
     crate::model::kernels::avx512::lanes_to_outputs(&acc)
 }
@@ -120,4 +118,62 @@ pub(super) unsafe fn group_avx2(job: &XsJob<'_>) -> GroupOut {
         }
         acc
     })
+}
+
+/// Stages a group for the scaled-products tile kernel
+/// ([`run_scaled`](super::super::scaled_tiles_x86::run_scaled), two parts): per super-block,
+/// sub-block `s`'s values `4·step..4·step + 4` of the sixteen rows (the signed table values,
+/// `vpshufb`) times the rows' scales `ls − 32` of `s`, as the super-block's `K`-row
+/// `8s + step`.
+///
+/// # Safety
+/// The CPU must support AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(super) unsafe fn stage_scaled_values(
+    group: &[u8],
+    nb: usize,
+    blocks: std::ops::Range<usize>,
+    staged: &mut [u8],
+) {
+    let block_bytes = scaled_staged_bytes(2);
+    assert!(group.len() >= nb * Iq4Xs::GROUP_BLOCK_BYTES && blocks.end <= nb);
+    assert!(staged.len() >= blocks.len() * block_bytes);
+    let low = _mm512_set1_epi8(0x0F);
+    let table = _mm512_broadcast_i32x4(_mm_loadu_si128(IQ4_NL_VALUES.as_ptr() as *const __m128i));
+    for (i, b) in blocks.enumerate() {
+        let src = group.as_ptr().add(b * Iq4Xs::GROUP_BLOCK_BYTES);
+        let dst = staged.as_mut_ptr().add(i * block_bytes);
+        for s in 0..SUB_BLOCKS {
+            let scales = scales_in_both_halves(src.add(SCALES + 16 * s));
+            for t in 0..4 {
+                let at = INDICES + SUB_BLOCK_BYTES * s + 64 * t;
+                let raw = _mm512_loadu_si512(src.add(at) as *const _);
+                // Run `t`'s low nibbles are values `4t..4t + 4`, its high ones `16 + 4t..`.
+                let nibbles = [
+                    _mm512_and_si512(raw, low),
+                    _mm512_and_si512(_mm512_srli_epi16::<4>(raw), low),
+                ];
+                for (h, nibbles) in nibbles.into_iter().enumerate() {
+                    let q = _mm512_shuffle_epi8(table, nibbles);
+                    stage_row::<2>(dst, 8 * s + 4 * h + t, q, scales);
+                }
+            }
+        }
+    }
+}
+
+/// The staged kernel's float step per super-block: the AVX-512 path's
+/// ([`accumulate_super_block`]).
+///
+/// # Safety
+/// As [`group_avx512`]; `src` is super-block `b` of the job's group.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(super) unsafe fn float_step(
+    job: &XsJob<'_>,
+    src: *const u8,
+    b: usize,
+    sums: &[__m512i; PANEL],
+    [acc, _]: &mut [[__m512; PANEL]; 2],
+) {
+    accumulate_super_block(job, src, b, sums, acc);
 }

@@ -37,6 +37,8 @@ pub mod q4k;
 pub mod q6k;
 pub mod q8_0;
 #[cfg(target_arch = "x86_64")]
+mod scaled_tiles_x86;
+#[cfg(target_arch = "x86_64")]
 mod shared_x86;
 #[cfg(test)]
 pub(crate) mod tests;
@@ -340,10 +342,6 @@ pub trait Format: Sized + Send + Sync + 'static {
     /// staged tile kernel (its tile level is [`Format::amx`], one job at a time).
     const STAGED_BLOCK_BYTES: usize = 0;
 
-    /// Whether the format has a tile kernel at all (staged, or [`Format::amx`]); one without
-    /// (Q2_K) runs its AVX-512 kernel at the tile level, and nothing is timed for it.
-    const TILES: bool = true;
-
     /// Writes the blocks `blocks` of `group` (`nb` per row) into `staged` (`blocks.len() ·`
     /// [`Format::STAGED_BLOCK_BYTES`] bytes) in the layout [`Format::amx_staged`] loads into
     /// tiles: done once per group, pass and slice, and read by every panel pair of the pass.
@@ -391,6 +389,12 @@ pub trait Format: Sized + Send + Sync + 'static {
         let _ = acc;
         unreachable!("{} has no staged tile kernel", Self::NAME)
     }
+}
+
+/// Bytes of one super-block of a group staged for the scaled-products tile kernel
+/// (`scaled_tiles_x86`): per 64-value chunk, `parts` tiles of 16 rows of 64 bytes.
+pub(crate) const fn scaled_staged_bytes(parts: usize) -> usize {
+    crate::model::kernels::kquant::QK_K / 64 * parts * 16 * 64
 }
 
 /// How [`Rows16Matrix::matmul_staged`] walks a product (see [`panel::StagedWalk`]).

@@ -16,7 +16,8 @@
 //! `sum = Σ_s scale_s·Σ_e q_e·a_e` and `mins = Σ_s min_s·bsum_s`, then over the super-blocks in
 //! order, from zero, `acc = fma(d_w·d_a, sum, acc)` and `acc_min = fma(dmin_w·d_a, mins,
 //! acc_min)`; the output is `acc − acc_min` (Q4_K's; ggml's structure, one float product each
-//! per super-block of exact integer sums). The tile level runs the AVX-512 VNNI kernel.
+//! per super-block of exact integer sums). The tile level stages each value times its scale
+//! as one signed byte (at most 3·15 = 45: one tile per 64-value chunk, where Q6_K needs two).
 
 use super::q3k::{low_bits, pack_low_bits, LOW};
 use super::q6k::{SixteenSubBlocks, SubBlockValues, SCALES};
@@ -52,6 +53,8 @@ impl SubBlockValues for Q2KValues {
     /// All four: 4 · 2 · 4 · 128 = 4096.
     const STEPS_IN_16_BITS: usize = 4;
     const MINS: Option<usize> = Some(DMIN);
+    /// `q·scale ≤ 3·15`: one signed byte.
+    const STAGED_TILES: usize = 1;
 
     fn pack(file: &[u8], dst: &mut [u8], lane: usize) {
         let blk = Q2KBlock::decode(file);

@@ -26,9 +26,9 @@
 //! as before the repacking): the super-block's sum `Σ_s scale_s·Σ_e (q_e − 32)·a_e` is exact in i32 (the
 //! SIMD paths start each sub-block's sum at `−32·bsum_s` and add the unsigned products), then
 //! `acc = fma(d_w·d_a, sum as f32, acc)` over the super-blocks in order, from zero. The
-//! AVX-512 VNNI path (sixteen rows per register), the AVX2 path (eight), the AMX path (the
-//! scales' base-7 digits folded into staged values, a super-block's scaled sums formed in the
-//! tiles: `x86::run_amx`) and the portable one give the same bits.
+//! AVX-512 VNNI path (sixteen rows per register), the AVX2 path (eight), the AMX path (each
+//! value times its scale staged as one or two signed bytes, a super-block's scaled sums formed
+//! in the tiles: `x86::run_amx`) and the portable one give the same bits.
 
 use std::marker::PhantomData;
 
@@ -55,9 +55,6 @@ const NIBBLES: usize = VALUES;
 const HIGH: usize = NIBBLES + 32 * 64;
 /// Sub-blocks of 16 values per super-block.
 const SUB_BLOCKS: usize = QK_K / 16;
-/// Bytes of one super-block of a group staged for the tile kernel: per 64-value chunk, the
-/// values times each of their scales' three base-7 digits, as bytes.
-const STAGED_BYTES: usize = QK_K / 64 * 3 * 16 * 64;
 
 /// What a format of sixteen 16-value sub-blocks, one signed byte scale each and an f16 `d`
 /// per super-block (value `d·scale·q`), supplies to [`SixteenSubBlocks`]: its values, stored
@@ -82,9 +79,13 @@ pub trait SubBlockValues: Send + Sync + 'static {
     /// `s`'s unsigned byte mins at `+32 + 16s` (row `j`'s at byte `j`); `None` for the formats
     /// without (Q6_K, Q3_K). With mins, each super-block also forms the exact
     /// `mins = Σ_s min_s·bsum_s` and adds `fma(dmin_w·d_a, mins, acc_min)` to an accumulator of
-    /// its own, and the output is `acc − acc_min` (Q4_K's order); the tile level runs the
-    /// AVX-512 kernel (no staged tile kernel with mins here).
+    /// its own, and the output is `acc − acc_min` (Q4_K's order), on every level.
     const MINS: Option<usize> = None;
+    /// How many signed bytes the tile kernel stages per value: each value `q` times its
+    /// sub-block's scale, `p = q·scale`, is one byte where every such product is (Q2_K:
+    /// 0..=3 × 0..=15), else two, `p = 128·h + l` with `l` in −64..=63 (`|p| ≤ 4096`, so `h`
+    /// in −32..=32: Q6_K's −32..=31 × any i8 scale, Q3_K's −4..=3 × −32..=31).
+    const STAGED_TILES: usize = 2;
 
     /// Writes one row's file super-block into lane `lane` of a group's super-block: its f16
     /// `d` at `2·lane`, its scales at `SCALES + 16s + lane`, its values.
@@ -318,14 +319,13 @@ impl<V: SubBlockValues> Format for SixteenSubBlocks<V> {
         x86::group_avx512::<V>(job)
     }
 
-    /// The i8 scales, as three balanced base-7 digits, fold into the values `q` as signed
-    /// bytes, so a super-block's scaled sums form in the tiles.
-    const STAGED_BLOCK_BYTES: usize = if V::MINS.is_some() { 0 } else { STAGED_BYTES };
-    const TILES: bool = V::MINS.is_none();
+    /// The values times their scales, staged as one or two signed bytes each
+    /// ([`SubBlockValues::STAGED_TILES`]), so a super-block's scaled sums form in the tiles.
+    const STAGED_BLOCK_BYTES: usize = super::scaled_staged_bytes(V::STAGED_TILES);
 
     #[cfg(target_arch = "x86_64")]
     unsafe fn stage(group: &[u8], nb: usize, blocks: std::ops::Range<usize>, staged: &mut [u8]) {
-        x86::stage_scale_digits::<V>(group, nb, blocks, staged)
+        x86::stage_scaled_values::<V>(group, nb, blocks, staged)
     }
 
     #[cfg(target_arch = "x86_64")]
@@ -339,12 +339,18 @@ impl<V: SubBlockValues> Format for SixteenSubBlocks<V> {
         job: &super::StagedJob<'_, Q8KPanel<'_>>,
         acc: &mut [super::StagedAcc],
     ) {
-        x86::run_amx::<T, V>(tiles, job, acc)
+        use super::scaled_tiles_x86::run_scaled;
+        let group = (V::GROUP_BLOCK_BYTES, x86::float_step::<V> as _);
+        match V::STAGED_TILES {
+            1 => run_scaled::<T, 1>(tiles, job, acc, group),
+            2 => run_scaled::<T, 2>(tiles, job, acc, group),
+            n => unreachable!("{}: {n} staged tiles per chunk", V::NAME),
+        }
     }
 
     #[cfg(target_arch = "x86_64")]
     unsafe fn staged_outputs(acc: &super::StagedAcc) -> GroupOut {
-        x86::staged_outputs(acc)
+        super::scaled_tiles_x86::staged_outputs(acc, V::MINS.is_some())
     }
 }
 

@@ -37,32 +37,3 @@ fn extreme_blocks_give_the_same_bits_on_every_path() {
         block
     });
 }
-
-#[cfg(target_arch = "x86_64")]
-#[test]
-fn staged_scale_digits_are_every_i8_in_balanced_base_seven() {
-    if !(is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw")) {
-        println!("SKIPPED: AVX-512 not in this CPU");
-        return;
-    }
-    for first in (0..=255u8).step_by(16) {
-        let bytes: [u8; 16] = std::array::from_fn(|i| first + i as u8);
-        // SAFETY: AVX-512 F/BW detected above; sixteen bytes.
-        let lanes = unsafe { super::x86::scale_digits(bytes.as_ptr()) }.map(|d| {
-            let mut lanes = [0i32; 16];
-            // SAFETY: sixteen i32 lanes into sixteen i32.
-            unsafe { std::arch::x86_64::_mm512_storeu_si512(lanes.as_mut_ptr() as *mut _, d) };
-            lanes
-        });
-        for (j, &byte) in bytes.iter().enumerate() {
-            let scale = byte as i8 as i32;
-            let [d0, d1, d2] = lanes.map(|lane| {
-                let (low, high) = (lane[j] as i16 as i32, lane[j] >> 16);
-                assert_eq!(low, high, "scale {scale}: the digit in both halves");
-                assert!((-3..=3).contains(&low), "scale {scale}: digit {low}");
-                low
-            });
-            assert_eq!(d0 + 7 * d1 + 49 * d2, scale, "digits {d0} {d1} {d2}");
-        }
-    }
-}

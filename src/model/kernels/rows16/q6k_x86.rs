@@ -4,15 +4,11 @@
 //! per output as the portable kernel. Q6_K's values are unpacked here too
 //! ([`q6k_values_avx2`], [`q6k_values_avx512`]).
 
+use super::super::scaled_staged_bytes;
+use super::super::scaled_tiles_x86::{accumulate_super_block, scales_in_both_halves, stage_row};
 use super::super::shared_x86::q8k_word as activation_word;
 use super::super::shared_x86::{self as shared, AVX2_ROWS as ROWS};
-use super::super::shared_x86::{assert_pairs, load_acc, pair_block, store_acc};
-use super::super::shared_x86::{pipeline_units, PairSums, FULL_TILES, STAGED_TILE};
-use super::super::tiles::Tiles;
-use super::super::{StagedAcc, StagedJob};
-use super::{GroupOut, Q6KJob, SubBlockValues, HIGH, NIBBLES, SCALES, STAGED_BYTES, SUB_BLOCKS};
-use crate::model::kernels::kquant::q8k::Q8KPanel;
-use crate::model::kernels::kquant::QK_K;
+use super::{GroupOut, Q6KJob, SubBlockValues, HIGH, NIBBLES, SCALES, SUB_BLOCKS};
 use crate::model::kernels::panel::PANEL;
 use std::arch::x86_64::*;
 use std::ops::Range;
@@ -116,7 +112,7 @@ pub(super) unsafe fn group_avx512<V: SubBlockValues>(job: &Q6KJob<'_>) -> GroupO
 /// sums), then `acc_min = fma(dmin_w·d_a, mins, acc_min)`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn accumulate_mins_avx512(
+pub(super) unsafe fn accumulate_mins_avx512(
     job: &Q6KJob<'_>,
     mins: *const u8,
     b: usize,
@@ -141,24 +137,6 @@ unsafe fn accumulate_mins_avx512(
         }
         let da = _mm512_set1_ps(*job.a.d.get_unchecked(i));
         *acc_min = _mm512_fmadd_ps(_mm512_mul_ps(dmin, da), _mm512_cvtepi32_ps(total), *acc_min);
-    }
-}
-
-/// Super-block `b`'s (at `src`) float step on `sums` (the exact scaled integer sums per panel
-/// row): `acc = fma(d_w·d_a, sum, acc)`.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn accumulate_super_block(
-    job: &Q6KJob<'_>,
-    src: *const u8,
-    b: usize,
-    sums: &[__m512i; PANEL],
-    acc: &mut [__m512; PANEL],
-) {
-    let dw = _mm512_cvtph_ps(_mm256_loadu_si256(src as *const __m256i));
-    for (r, (acc, sum)) in acc.iter_mut().zip(sums).enumerate() {
-        let da = _mm512_set1_ps(*job.a.d.get_unchecked(b * PANEL + r));
-        *acc = _mm512_fmadd_ps(_mm512_mul_ps(dw, da), _mm512_cvtepi32_ps(*sum), *acc);
     }
 }
 
@@ -345,183 +323,57 @@ pub(super) unsafe fn q6k_values_avx2(src: *const u8, s: usize, half: usize) -> [
     ]
 }
 
-/// Base of the scales' digits in the staged layout: `scale = d₀ + 7·d₁ + 49·d₂` with each
-/// digit in −3..=3 (balanced base 7 reaches ±171, every i8), so a digit times a value `q`
-/// (Q6_K's −32..=31, Q3_K's −4..=3) is at most 96 in magnitude: a signed byte.
-const DIGIT_BASE: i32 = 7;
-
-/// The three balanced base-7 digits of sixteen i8 scales (at `src`), each digit in both 16-bit
-/// halves of its scale's 32-bit lane. With `x = scale + 171` (0 ..= 298: 171 is 24·7 + 3),
-/// `x mod 7 − 3` is the lowest balanced digit and `⌊x / 7⌋` the rest plus 24 (3·7 + 3), and so
-/// on; `⌊x / 7⌋ = (x · 9363) >> 16` for every `x` below 400.
-///
-/// # Safety
-/// The CPU must support AVX-512F; `src` holds sixteen bytes.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw")]
-pub(super) unsafe fn scale_digits(src: *const u8) -> [__m512i; 3] {
-    let seven = _mm512_set1_epi32(DIGIT_BASE);
-    let three = _mm512_set1_epi32(3);
-    let by_seven =
-        |x: __m512i| _mm512_srli_epi32::<16>(_mm512_mullo_epi32(x, _mm512_set1_epi32(9363)));
-    let x = _mm512_add_epi32(
-        _mm512_cvtepi8_epi32(_mm_loadu_si128(src as *const _)),
-        _mm512_set1_epi32(171),
-    );
-    let x1 = by_seven(x);
-    let x2 = by_seven(x1);
-    let digit = |x: __m512i, q: __m512i| {
-        _mm512_sub_epi32(_mm512_sub_epi32(x, _mm512_mullo_epi32(q, seven)), three)
-    };
-    let in_both_halves = |d: __m512i| {
-        _mm512_or_si512(
-            _mm512_and_si512(d, _mm512_set1_epi32(0xFFFF)),
-            _mm512_slli_epi32::<16>(d),
-        )
-    };
-    [digit(x, x1), digit(x1, x2), _mm512_sub_epi32(x2, three)].map(in_both_halves)
-}
-
-/// Stages a group for [`run_amx`]: per super-block and 64-value chunk `c` (sub-blocks
-/// `4c..4c + 4`), three tiles, the values `q` times digit `i` of their sub-block's scale
-/// ([`scale_digits`]), as signed bytes; row `4h + t` of a tile holds values `4t..4t + 4` of
-/// sub-block `4c + h` of each weight row (bytes `4j..4j + 4`: row `j`), the tile's layout.
-/// The products are formed per 16-bit lane on the sign-extended even and odd bytes.
+/// Stages a group for the scaled-products tile kernel
+/// ([`run_scaled`](super::super::scaled_tiles_x86::run_scaled)): per super-block, sub-block
+/// `s`'s values `4t..4t + 4` of the sixteen rows (`q = u − 2^OFFSET_BITS`) times the rows'
+/// scales of `s`, in [`SubBlockValues::STAGED_TILES`] parts, as the super-block's `K`-row
+/// `4s + t`.
 ///
 /// # Safety
 /// The CPU must support AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(super) unsafe fn stage_scale_digits<V: SubBlockValues>(
+pub(super) unsafe fn stage_scaled_values<V: SubBlockValues>(
     group: &[u8],
     nb: usize,
     blocks: Range<usize>,
     staged: &mut [u8],
 ) {
+    let block_bytes = scaled_staged_bytes(V::STAGED_TILES);
     assert!(group.len() >= nb * V::GROUP_BLOCK_BYTES && blocks.end <= nb);
-    assert!(staged.len() >= blocks.len() * STAGED_BYTES);
+    assert!(staged.len() >= blocks.len() * block_bytes);
     let bias = _mm512_set1_epi8(1 << V::OFFSET_BITS);
-    let low_byte = _mm512_set1_epi16(0x00FF);
     for (i, b) in blocks.enumerate() {
         let src = group.as_ptr().add(b * V::GROUP_BLOCK_BYTES);
+        let dst = staged.as_mut_ptr().add(i * block_bytes);
         for s in 0..SUB_BLOCKS {
-            let digits = scale_digits(src.add(SCALES + 16 * s));
-            let tiles = staged
-                .as_mut_ptr()
-                .add(i * STAGED_BYTES + (s / 4) * 3 * STAGED_TILE);
-            for (t, q) in V::values_avx512(src, s).into_iter().enumerate() {
-                let v = _mm512_sub_epi8(q, bias);
-                let even = _mm512_srai_epi16::<8>(_mm512_slli_epi16::<8>(v));
-                let odd = _mm512_srai_epi16::<8>(v);
-                let row = 64 * (4 * (s % 4) + t);
-                for (digit, d) in digits.iter().enumerate() {
-                    let lo = _mm512_and_si512(_mm512_mullo_epi16(even, *d), low_byte);
-                    let hi = _mm512_slli_epi16::<8>(_mm512_mullo_epi16(odd, *d));
-                    let dst = tiles.add(digit * STAGED_TILE + row);
-                    _mm512_storeu_si512(dst as *mut _, _mm512_or_si512(lo, hi));
+            let scales = scales_in_both_halves(src.add(SCALES + 16 * s));
+            for (t, u) in V::values_avx512(src, s).into_iter().enumerate() {
+                let q = _mm512_sub_epi8(u, bias);
+                match V::STAGED_TILES {
+                    1 => stage_row::<1>(dst, 4 * s + t, q, scales),
+                    _ => stage_row::<2>(dst, 4 * s + t, q, scales),
                 }
             }
         }
     }
 }
 
-/// A run of panels against a staged group ([`stage_scale_digits`]) and their staged
-/// activations ([`stage_pairs`](super::super::shared_x86::stage_pairs)): super-block by
-/// super-block (its staged 12 KiB stay in L1 while every pair of the run passes), per pair of
-/// panels, four chunks of 64 values, each one `A` load, three `B` loads and three full
-/// 16 × 64 × 16 `tdpbssd`, so the three digit sums of the whole super-block form in the tiles
-/// and leave them once; `d₀ + 7·d₁ + 49·d₂` is then the AVX-512 path's exact
-/// `Σ_s scale_s·Σ_e q_e·a_e`, and the float step is its own. Each unit's vector work is
-/// issued after the next unit's tile products.
+/// The staged kernel's float step per super-block: the AVX-512 path's
+/// ([`accumulate_super_block`], then [`accumulate_mins_avx512`] into the second accumulators
+/// where the format has mins).
 ///
 /// # Safety
-/// As [`group_avx512`], `tiles` must be usable (see [`Tiles`]) and `job.staged` and
-/// `job.pairs` written for this job.
+/// As [`group_avx512`]; `src` is super-block `b` of the job's group.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(super) unsafe fn run_amx<T: Tiles, V: SubBlockValues>(
-    tiles: &mut T,
-    job: &StagedJob<'_, Q8KPanel<'_>>,
-    accumulators: &mut [StagedAcc],
+pub(super) unsafe fn float_step<V: SubBlockValues>(
+    job: &Q6KJob<'_>,
+    src: *const u8,
+    b: usize,
+    sums: &[__m512i; PANEL],
+    [acc, acc_min]: &mut [[__m512; PANEL]; 2],
 ) {
-    let pairs = job.panels.len().div_ceil(2);
-    assert!(job.blocks.end <= job.nb && job.staged.len() >= job.blocks.len() * STAGED_BYTES);
-    assert_pairs(job);
-    assert!(accumulators.len() >= job.panels.len());
-    let mut acc: Vec<[__m512; PANEL]> = accumulators[..job.panels.len()]
-        .iter()
-        .map(|a| load_acc(a)[0])
-        .collect();
-    let activations_of = |b: usize, q: usize| pair_block(job, b, q);
-    // The tiles (all 16 rows of 64 bytes): `C` tmm0–tmm2, the sums of the three scale
-    // digits, 16 activation rows (a panel pair) × 16 weight rows (i32); `A` tmm4–tmm5 by chunk
-    // parity, a chunk's 64 activations of the 16 rows; `B` tmm6, tmm7, tmm3, the chunk's staged
-    // values times each digit.
-    let multiply = |tiles: &mut T, b: usize, q: usize| {
-        let staged = job
-            .staged
-            .as_ptr()
-            .add((b - job.blocks.start) * STAGED_BYTES);
-        let activations = activations_of(b, q);
-        for c in 0..3 {
-            tiles.zero(c);
-        }
-        for c in 0..QK_K / 64 {
-            let a = if c % 2 == 0 { 4 } else { 5 };
-            let chunk = staged.add(3 * c * STAGED_TILE);
-            tiles.load(a, activations.add(64 * c), QK_K);
-            tiles.load(6, chunk, 64);
-            tiles.load(7, chunk.add(STAGED_TILE), 64);
-            tiles.load(3, chunk.add(2 * STAGED_TILE), 64);
-            tiles.dp_ss(0, a, 6);
-            tiles.dp_ss(1, a, 7);
-            tiles.dp_ss(2, a, 3);
-        }
-    };
-    let consume = |b: usize, q: usize, [d0, d1, d2]: &[PairSums; 3]| {
-        let src = job.group.as_ptr().add(b * V::GROUP_BLOCK_BYTES);
-        let pair = 2 * q..(2 * q + 2).min(job.panels.len());
-        let (seven, forty_nine) = (_mm512_set1_epi32(DIGIT_BASE), _mm512_set1_epi32(49));
-        for (half, (&a, acc)) in job.panels[pair.clone()]
-            .iter()
-            .zip(&mut acc[pair])
-            .enumerate()
-        {
-            let sums: [__m512i; PANEL] = std::array::from_fn(|r| {
-                let at =
-                    |d: &PairSums| _mm512_loadu_si512(d[PANEL * half + r].as_ptr() as *const _);
-                let upper = _mm512_add_epi32(
-                    _mm512_mullo_epi32(at(d1), seven),
-                    _mm512_mullo_epi32(at(d2), forty_nine),
-                );
-                _mm512_add_epi32(at(d0), upper)
-            });
-            let job = Q6KJob {
-                group: job.group,
-                nb: job.nb,
-                a,
-            };
-            accumulate_super_block(&job, src, b, &sums, acc);
-        }
-    };
-    tiles.configure(&FULL_TILES);
-    pipeline_units(
-        tiles,
-        (job.blocks.clone(), pairs),
-        multiply,
-        |b, q| [activations_of(b, q)],
-        consume,
-    );
-    // Only the first half: these formats have no minima.
-    let unused = [_mm512_setzero_ps(); PANEL];
-    for (sums, acc) in acc.iter().zip(accumulators) {
-        store_acc(&[*sums, unused], acc);
+    accumulate_super_block(job, src, b, sums, acc);
+    if let Some(at) = V::MINS {
+        accumulate_mins_avx512(job, src.add(at), b, acc_min);
     }
-}
-
-/// A panel's outputs from [`run_amx`]'s accumulators after the last slice.
-///
-/// # Safety
-/// The CPU must support AVX-512F.
-#[target_feature(enable = "avx512f")]
-pub(super) unsafe fn staged_outputs(acc: &StagedAcc) -> GroupOut {
-    crate::model::kernels::avx512::lanes_to_outputs(&load_acc(acc)[0])
 }

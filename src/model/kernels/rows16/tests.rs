@@ -88,8 +88,8 @@ pub(crate) fn emulated_amx<F: Format>(
     x: &[f32],
     m: usize,
 ) -> Option<Vec<f32>> {
-    // A format with a staged tile kernel has no per-job one; Q2_K has neither.
-    if isa() < Isa::Avx512 || F::STAGED_BLOCK_BYTES > 0 || !F::TILES {
+    // A format with a staged tile kernel has no per-job one.
+    if isa() < Isa::Avx512 || F::STAGED_BLOCK_BYTES > 0 {
         return None;
     }
     #[cfg(target_arch = "x86_64")]

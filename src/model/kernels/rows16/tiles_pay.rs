@@ -38,7 +38,7 @@ pub fn tiles_pay<F: Format>() -> bool {
     if let Some(pays) = known(&DECIDED.lock().unwrap_or_else(|e| e.into_inner())) {
         return pays;
     }
-    let pays = F::TILES && super::super::isa() >= Isa::Amx && time_levels::<F>();
+    let pays = super::super::isa() >= Isa::Amx && time_levels::<F>();
     let mut decided = DECIDED.lock().unwrap_or_else(|e| e.into_inner());
     // Two threads may have timed it at once: the first answer stands.
     if let Some(first) = known(&decided) {
@@ -97,10 +97,10 @@ fn time_levels<F: Format>() -> bool {
 /// For `ppl validate` and results.json: the formats whose products use the tile unit here,
 /// and those that stay on AVX-512 VNNI (timed faster), e.g. `tiles: Q8_0 Q5_1; VNNI: Q4_0`.
 pub fn summary() -> String {
-    use super::{q3k, q4, q4k, q6k, q8_0};
+    use super::{iq4xs, q2k, q3k, q4, q4k, q6k, q8_0};
     /// A format's name and its choice.
     type Choice = (&'static str, fn() -> bool);
-    let formats: [Choice; 10] = [
+    let formats: [Choice; 12] = [
         (q8_0::Q8_0::NAME, tiles_pay::<q8_0::Q8_0>),
         (q8_0::Q5_0::NAME, tiles_pay::<q8_0::Q5_0>),
         (q8_0::Q5_1::NAME, tiles_pay::<q8_0::Q5_1>),
@@ -111,6 +111,8 @@ pub fn summary() -> String {
         (q4k::Q5K::NAME, tiles_pay::<q4k::Q5K>),
         (q6k::Q6K::NAME, tiles_pay::<q6k::Q6K>),
         (q3k::Q3K::NAME, tiles_pay::<q3k::Q3K>),
+        (q2k::Q2K::NAME, tiles_pay::<q2k::Q2K>),
+        (iq4xs::Iq4Xs::NAME, tiles_pay::<iq4xs::Iq4Xs>),
     ];
     let (tiles, vnni): (Vec<_>, Vec<_>) = formats.iter().partition(|(_, pays)| pays());
     let names = |list: Vec<&Choice>| {
