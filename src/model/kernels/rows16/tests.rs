@@ -325,6 +325,13 @@ pub(crate) fn throughput<F: Case>() {
                 line += &format!(" ({:.0}% of the tile peak {peak:.0})", 100.0 * gops / peak);
             }
         }
+        if let Some(staging) = staging_seconds(&w, reps) {
+            println!(
+                "{} [{n} x {k}] staging for the tiles: {:.2} ms per product, {threads} threads",
+                F::NAME,
+                1e3 * staging
+            );
+        }
         println!("{line}");
     }
     if peak.is_none() {
@@ -333,6 +340,51 @@ pub(crate) fn throughput<F: Case>() {
             F::NAME,
             isa_choice().summary()
         );
+    }
+}
+
+/// The fastest of `reps` stagings of every group of `w` for the staged tile kernel
+/// ([`Format::stage`]), in slices of eight blocks as the kernel stages them when one pass
+/// holds all of a product's panels (512 rows of the smaller models), the groups split over the
+/// threads: the vector half of the tile level's work, which runs (and is timed) wherever
+/// AVX-512 does, with or without a tile unit. `None` where `F` has no staged kernel or
+/// AVX-512 does not run here.
+fn staging_seconds<F: Format>(w: &Rows16Matrix<F>, reps: usize) -> Option<f64> {
+    if F::STAGED_BLOCK_BYTES == 0 || isa() < Isa::Avx512 {
+        return None;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        use rayon::prelude::*;
+        const SLICE: usize = 8;
+        let nb = w.k / F::Act::BLOCK;
+        let stage_all = || {
+            (0..w.n.div_ceil(super::GROUP))
+                .into_par_iter()
+                .for_each_init(
+                    || vec![0u8; SLICE * F::STAGED_BLOCK_BYTES],
+                    |staged, g| {
+                        for b in (0..nb).step_by(SLICE) {
+                            // SAFETY: AVX-512 runs here (checked above); `staged` holds a slice.
+                            unsafe { F::stage(w.group(g), nb, b..(b + SLICE).min(nb), staged) };
+                        }
+                        std::hint::black_box(&staged[..]);
+                    },
+                )
+        };
+        let fastest = (0..reps.max(1))
+            .map(|_| {
+                let t = std::time::Instant::now();
+                stage_all();
+                t.elapsed().as_secs_f64()
+            })
+            .fold(f64::INFINITY, f64::min);
+        Some(fastest)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (w, reps);
+        None
     }
 }
 
