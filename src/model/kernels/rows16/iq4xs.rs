@@ -138,11 +138,6 @@ impl Format for Iq4Xs {
     }
 
     #[cfg(target_arch = "x86_64")]
-    fn stage_pairs(panels: &[Q8KPanel<'_>], nb: usize) -> Vec<u8> {
-        super::shared_x86::stage_pairs(panels, nb)
-    }
-
-    #[cfg(target_arch = "x86_64")]
     unsafe fn amx_staged<T: super::tiles::Tiles>(
         tiles: &mut T,
         job: &super::StagedJob<'_, Q8KPanel<'_>>,

@@ -79,6 +79,16 @@ pub trait Activations: Sync + Sized {
     fn panel(&self, p: usize) -> Self::Panel<'_>;
     /// Whether `panel` holds `nb` blocks of each of its rows (the kernels index unchecked).
     fn holds(panel: &Self::Panel<'_>, nb: usize) -> bool;
+    /// The activation values of the panel pairs `(2q, 2q + 1)` in the layout the staged tile
+    /// kernels ([`Format::amx_staged`]) load into tiles: block after block, in each pair after
+    /// pair, each the same size (a missing second panel as zeros), so a kernel, which takes
+    /// the pairs of one block one after another, reads them in order. Done once per product;
+    /// only the activations of formats with a staged kernel have it.
+    #[cfg(target_arch = "x86_64")]
+    fn stage_pairs(panels: &[Self::Panel<'_>], nb: usize) -> Vec<u8> {
+        let _ = (panels, nb);
+        unreachable!("these activations have no staged tile layout")
+    }
     /// Value `e` of row `row` as the kernels see it, `d·q`, in f64 (the tests' reference).
     #[cfg(test)]
     fn dequantized(&self, row: usize, e: usize) -> f64;
@@ -168,6 +178,11 @@ impl Activations for Q8KPanels {
             && a.sub_block_sums.len() >= nb * SUB_BLOCK_PAIRS
     }
 
+    #[cfg(target_arch = "x86_64")]
+    fn stage_pairs(panels: &[Q8KPanel<'_>], nb: usize) -> Vec<u8> {
+        shared_x86::stage_pairs(panels, nb)
+    }
+
     #[cfg(test)]
     fn dequantized(&self, row: usize, e: usize) -> f64 {
         let a = Q8KPanels::panel(self, row / PANEL);
@@ -199,7 +214,7 @@ pub struct StagedJob<'a, P> {
     pub blocks: Range<usize>,
     /// The run's panels (an even number but perhaps the last run's last).
     pub panels: &'a [P],
-    /// The product's activation values as [`Format::stage_pairs`] wrote them: block after
+    /// The product's activation values as [`Activations::stage_pairs`] wrote them: block after
     /// block, in each every pair of panels.
     pub pairs: &'a [u8],
     /// Pairs of panels in the product (in `pairs` per block).
@@ -354,22 +369,12 @@ pub trait Format: Sized + Send + Sync + 'static {
         unreachable!("{} has no staged tile kernel", Self::NAME)
     }
 
-    /// The activation values of the panel pairs `(2q, 2q + 1)` in the layout
-    /// [`Format::amx_staged`] loads into tiles: block after block, in each pair after pair,
-    /// each the same size (a missing second panel as zeros), so the kernel, which takes the
-    /// pairs of one block one after another, reads them in order. Done once per product.
-    #[cfg(target_arch = "x86_64")]
-    fn stage_pairs(panels: &[PanelOf<'_, Self>], nb: usize) -> Vec<u8> {
-        let _ = (panels, nb);
-        unreachable!("{} has no staged tile kernel", Self::NAME)
-    }
-
     /// The AMX path on staged weights, for a run of panels and a slice of blocks: adds the
     /// slice's terms to `acc[q]`, panel `q`'s accumulators.
     ///
     /// # Safety
     /// As [`Format::amx`]; `job.staged` and `job.pairs` were written by [`Format::stage`]
-    /// and [`Format::stage_pairs`] for this job; `acc` has a place per panel.
+    /// and [`Activations::stage_pairs`] for this job; `acc` has a place per panel.
     #[cfg(target_arch = "x86_64")]
     unsafe fn amx_staged<T: tiles::Tiles>(
         tiles: &mut T,
@@ -506,7 +511,7 @@ impl<F: Format> Rows16Matrix<F> {
         let (n, k) = (self.n, self.k);
         let nb = k / F::Act::BLOCK;
         let panels = self.panel_views(a, m);
-        let pairs = F::stage_pairs(&panels, nb);
+        let pairs = F::Act::stage_pairs(&panels, nb);
         let walk = panel::StagedWalk {
             m,
             n,

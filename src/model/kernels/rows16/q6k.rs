@@ -329,11 +329,6 @@ impl<V: SubBlockValues> Format for SixteenSubBlocks<V> {
     }
 
     #[cfg(target_arch = "x86_64")]
-    fn stage_pairs(panels: &[Q8KPanel<'_>], nb: usize) -> Vec<u8> {
-        super::shared_x86::stage_pairs(panels, nb)
-    }
-
-    #[cfg(target_arch = "x86_64")]
     unsafe fn amx_staged<T: super::tiles::Tiles>(
         tiles: &mut T,
         job: &super::StagedJob<'_, Q8KPanel<'_>>,
