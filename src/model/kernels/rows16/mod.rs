@@ -16,9 +16,11 @@
 //! quantization ([`Activations`]), the cache blocking and threading ([`panel::drive`]), the
 //! level dispatch with its length checks, and [`OwnMatrix`].
 //!
-//! The K-quants' tile level is staged ([`Format::stage`], [`panel::drive_staged`]): their
-//! integer sub-block scales fold into the values as bytes (split into digits small enough),
-//! so a whole super-block's scaled sums form inside the tiles, 16 activation rows per product;
+//! The tile level of the K-quants and IQ4_XS is staged ([`Format::stage`],
+//! [`panel::drive_staged`]): their integer sub-block scales fold into the values as bytes
+//! (Q4_K/Q5_K's scales split in two, the others' value × scale products split where they
+//! exceed a byte: `scaled_tiles_x86`), so a whole super-block's scaled sums form inside the
+//! tiles, 16 activation rows per product;
 //! the driver gives each thread its own groups against every activation row, stages each
 //! group's values once per slice of k, and every panel pair reads them from L1 (the float
 //! accumulators carried from slice to slice). Per-block float scales (Q8_0, Q4_0, Q4_1, Q5_0) cannot fold, so those
