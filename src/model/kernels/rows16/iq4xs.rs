@@ -21,7 +21,7 @@
 //! activation with the value's sign, widening every step (a pair is at most 2·127·127); the
 //! portable one takes the signed values; the AMX path stages each value times its scale as two
 //! signed bytes (`|table·(ls − 32)| ≤ 127·32`) and forms the super-block's integer in the tiles
-//! ([`super::scaled_tiles_x86`], as Q6_K's). So every level gives the same bits.
+//! (`scaled_tiles_x86`, as Q6_K's). So every level gives the same bits.
 
 use half::f16;
 

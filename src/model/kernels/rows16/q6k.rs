@@ -8,7 +8,7 @@
 //! row and met eight activation rows with it, every product of a row landing in the lanes of its own
 //! register, so each super-block ended in a horizontal reduction and per-row offset fix-ups;
 //! a profile of the Llama-3.2-1B shape in Q6_K spent 54% of the time there (0.61× llama.cpp).
-//! Here, as in [`super::q4_0`], one 32-bit lane belongs to one weight row: a broadcast
+//! Here, as in [`super::q4`], one 32-bit lane belongs to one weight row: a broadcast
 //! of four activation bytes meets sixteen rows' four weights in one `vpdpbusd`, the sum of a
 //! 16-value sub-block forms in each row's lane, is multiplied by that row's scale in one
 //! `vpmulld`, and nothing is ever reduced across lanes.
