@@ -28,7 +28,7 @@
 //! `acc = fma(d_w·d_a, sum as f32, acc)` over the super-blocks in order, from zero. The
 //! AVX-512 VNNI path (sixteen rows per register), the AVX2 path (eight), the AMX path (each
 //! value times its scale staged as one or two signed bytes, a super-block's scaled sums formed
-//! in the tiles: `x86::run_amx`) and the portable one give the same bits.
+//! in the tiles: `scaled_tiles_x86::run_scaled`) and the portable one give the same bits.
 
 use std::marker::PhantomData;
 
@@ -321,7 +321,13 @@ impl<V: SubBlockValues> Format for SixteenSubBlocks<V> {
 
     /// The values times their scales, staged as one or two signed bytes each
     /// ([`SubBlockValues::STAGED_TILES`]), so a super-block's scaled sums form in the tiles.
-    const STAGED_BLOCK_BYTES: usize = super::scaled_staged_bytes(V::STAGED_TILES);
+    const STAGED_BLOCK_BYTES: usize = {
+        assert!(
+            V::STAGED_TILES == 1 || V::STAGED_TILES == 2,
+            "a value times its scale is staged in one or two bytes"
+        );
+        super::scaled_staged_bytes(V::STAGED_TILES)
+    };
 
     #[cfg(target_arch = "x86_64")]
     unsafe fn stage(group: &[u8], nb: usize, blocks: std::ops::Range<usize>, staged: &mut [u8]) {

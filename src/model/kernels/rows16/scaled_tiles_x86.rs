@@ -54,18 +54,21 @@ pub(crate) unsafe fn scaled_bytes<const N: usize>(q: __m512i, scales: __m512i) -
             _mm512_slli_epi16::<8>(odd),
         )
     };
+    if N == 1 {
+        return [bytes(even, odd); N];
+    }
     let low = |p: __m512i| {
         let sixty_four = _mm512_set1_epi16(64);
         let wrapped = _mm512_and_si512(_mm512_add_epi16(p, sixty_four), _mm512_set1_epi16(127));
         _mm512_sub_epi16(wrapped, sixty_four)
     };
-    let (even_low, odd_low) = (low(even), low(odd));
     let high = |p: __m512i, l: __m512i| _mm512_srai_epi16::<7>(_mm512_sub_epi16(p, l));
-    std::array::from_fn(|t| match t {
-        0 if N == 1 => bytes(even, odd),
-        0 => bytes(even_low, odd_low),
-        _ => bytes(high(even, even_low), high(odd, odd_low)),
-    })
+    let (even_low, odd_low) = (low(even), low(odd));
+    let parts = [
+        bytes(even_low, odd_low),
+        bytes(high(even, even_low), high(odd, odd_low)),
+    ];
+    std::array::from_fn(|t| parts[t])
 }
 
 /// Writes the `N` staged parts of the values `4·row..4·row + 4` of a super-block's sixteen
