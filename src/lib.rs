@@ -21,6 +21,7 @@ pub mod compare;
 pub mod data;
 pub mod eval;
 pub mod fingerprint;
+pub mod hub;
 pub mod model;
 pub mod output;
 pub mod parallel;

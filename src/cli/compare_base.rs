@@ -15,7 +15,7 @@ pub(super) fn compare_base(args: &CompareArgs) -> anyhow::Result<BaseSource> {
             gguf: gguf.clone(),
         }),
         (Some(b), None, _) => Ok(BaseSource::Model {
-            path: b.clone(),
+            path: crate::hub::local_model(b)?,
             precision: args.base_precision,
         }),
         (None, None, Some(dir)) => {

@@ -408,11 +408,23 @@ impl Config {
         }
     }
 
-    /// A path value, relative paths resolved against the config file's directory.
+    /// A path value, relative paths resolved against the config file's directory; a name
+    /// (`hf:ORG/NAME`, a dataset such as `wikitext-2`) stays as written unless a file of
+    /// that name is there.
     pub fn path(&self, key: &str) -> Option<PathBuf> {
-        let p = PathBuf::from(self.str(key)?);
+        let raw = self.str(key)?;
+        let p = PathBuf::from(raw);
         Some(match &self.base {
-            Some(b) if p.is_relative() && !b.as_os_str().is_empty() => b.join(p),
+            Some(b) if p.is_relative() && !b.as_os_str().is_empty() => {
+                let joined = b.join(&p);
+                let is_name =
+                    crate::hub::name::is_hub_name(raw) || crate::data::named::is_dataset_name(raw);
+                if is_name && !joined.exists() {
+                    p
+                } else {
+                    joined
+                }
+            }
             _ => p,
         })
     }

@@ -176,7 +176,7 @@ pub(super) fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Tokenize(args) => {
-            let g = GgufFile::open(&args.model)?;
+            let g = GgufFile::open(&crate::hub::local_model(&args.model)?)?;
             let tok = Tokenizer::from_gguf(&g)?;
             let text = match (&args.text, &args.file) {
                 (Some(t), _) => t.clone(),
@@ -190,7 +190,7 @@ pub(super) fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Export(args) => {
             use candle_core::quantized::GgmlDType;
-            let g = GgufFile::open(&args.model)?;
+            let g = GgufFile::open(&crate::hub::local_model(&args.model)?)?;
             let dtype = match args.dtype {
                 FloatType::F32 => GgmlDType::F32,
                 FloatType::F16 => GgmlDType::F16,
@@ -220,7 +220,7 @@ pub(super) fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Quantize(args) => {
-            let g = GgufFile::open(&args.input)?;
+            let g = GgufFile::open(&crate::hub::local_model(&args.input)?)?;
             let (skip_embeddings, skip_output) = parse_skip(&args.quantize_skip)?;
             let q = Quantize {
                 scheme: args.scheme,
@@ -249,6 +249,12 @@ pub(super) fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Launch(args) => launch::run(args),
         Command::Validate(args) => validate::run(args),
         Command::Runs(args) => runs::run(args),
+        Command::Data {
+            action: super::DataAction::List,
+        } => {
+            print!("{}", crate::data::named::listing());
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Config {
             action: ConfigAction::Show(args),
         } => {

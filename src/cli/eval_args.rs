@@ -296,6 +296,9 @@ impl EvalArgs {
         let (Some(model), Some(data)) = (model, layers.path(&DATA, self.data.as_ref())) else {
             bail!("give the model and the data: --model M.gguf --data text.txt (or model.path / data.path in --config)");
         };
+        let model = crate::hub::local_model(&model)?;
+        let named = crate::data::named::local_data(&data, task.map(|t| t.name))?;
+        let data = named.path;
         check_model_format(c.str(MODEL_FORMAT.key()), &model)?;
         let schedule = layers.choice_or_default(&SCHEDULE, self.schedule)?;
         let output = self
@@ -313,7 +316,7 @@ impl EvalArgs {
                 method,
                 ctx,
                 stride,
-                chunks: layers.count(&CHUNKS, self.chunks),
+                chunks: layers.count(&CHUNKS, self.chunks).or(named.max_windows),
                 max_tokens,
                 text_field: layers
                     .string(&TEXT_FIELD, self.text_field.as_ref())

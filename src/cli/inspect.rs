@@ -200,7 +200,7 @@ pub fn render(i: &Inspection) -> String {
 }
 
 pub fn run_inspect(args: InspectArgs) -> anyhow::Result<std::process::ExitCode> {
-    let i = inspect(&args.model)?;
+    let i = inspect(&crate::hub::local_model(&args.model)?)?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&i)?);
     } else {
@@ -224,7 +224,9 @@ pub fn run_models(args: ModelsArgs) -> anyhow::Result<std::process::ExitCode> {
         Err(e) => return Err(e).with_context(|| format!("cannot list {}", dir.display())),
     };
     files.sort();
-    if files.is_empty() {
+    let hub = crate::hub::HubSettings::from_env().cache;
+    let snapshots = hub.model_snapshots();
+    if files.is_empty() && snapshots.is_empty() {
         println!(
             "no model in {} (fetch one with `ppl fetch-model smollm2` or `ppl fetch-model gemma3`)",
             dir.display()
@@ -248,6 +250,26 @@ pub fn run_models(args: ModelsArgs) -> anyhow::Result<std::process::ExitCode> {
                 "{:<40} unreadable: {e:#}",
                 f.file_name().unwrap_or_default().to_string_lossy()
             ),
+        }
+    }
+    if !snapshots.is_empty() {
+        println!(
+            "Hugging Face hub cache {} (use as --model hf:REPO[:FILE]):",
+            hub.root.display()
+        );
+    }
+    for (repo, commit, files) in snapshots {
+        let gguf: Vec<&String> = files.iter().filter(|f| f.ends_with(".gguf")).collect();
+        let checkpoint = files.iter().any(|f| f == "config.json");
+        let short = &commit[..commit.len().min(12)];
+        if checkpoint {
+            println!(
+                "  hf:{repo:<50} checkpoint ({} files) @{short}",
+                files.len()
+            );
+        }
+        for g in gguf {
+            println!("  hf:{repo}:{g:<30} @{short}");
         }
     }
     Ok(std::process::ExitCode::SUCCESS)

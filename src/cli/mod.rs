@@ -85,6 +85,17 @@ enum Command {
         #[command(subcommand)]
         action: ConfigAction,
     },
+    /// Datasets by name: `ppl data list` shows the names `--data` takes.
+    Data {
+        #[command(subcommand)]
+        action: DataAction,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum DataAction {
+    /// The dataset names --data takes (wikitext-2, …), their repositories and splits.
+    List,
 }
 
 #[derive(Debug, Subcommand)]

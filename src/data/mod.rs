@@ -2,6 +2,7 @@
 //! [`source`]), splitting it into documents ([`documents`]) and cutting token streams into
 //! scored windows ([`windows`]); the word count of word perplexity ([`words`]).
 
+pub mod named;
 pub mod source;
 pub mod windows;
 pub mod words;

@@ -78,7 +78,7 @@ pub fn load(path: &Path, text_field: &str) -> Result<Data, DataError> {
     }
     if is_parquet(path) {
         let mut docs = Vec::new();
-        parquet_documents(path, text_field, &mut docs)?;
+        parquet_documents(path, text_field, &mut docs, false)?;
         return Data::from_documents(path, docs);
     }
     Ok(Data {
@@ -137,9 +137,23 @@ pub fn is_parquet(path: &Path) -> bool {
         .is_some_and(|e| e.eq_ignore_ascii_case("parquet"))
 }
 
-/// Appends the non-blank strings of column `field` of a Parquet file to `docs`, row group by
-/// row group (only that column is decoded). Null rows are skipped, as blank records are.
-fn parquet_documents(path: &Path, field: &str, docs: &mut Vec<String>) -> Result<(), DataError> {
+/// Every row's string of column `field`, blank ones included (a dataset's rows as they are
+/// stored, for joins that depend on them); null rows are skipped.
+pub fn parquet_rows(path: &Path, field: &str) -> Result<Vec<String>, DataError> {
+    let mut rows = Vec::new();
+    parquet_documents(path, field, &mut rows, true)?;
+    Ok(rows)
+}
+
+/// Appends the strings of column `field` of a Parquet file to `docs`, row group by row group
+/// (only that column is decoded); blank ones only with `keep_blank`. Null rows are skipped,
+/// as blank records are.
+fn parquet_documents(
+    path: &Path,
+    field: &str,
+    docs: &mut Vec<String>,
+    keep_blank: bool,
+) -> Result<(), DataError> {
     use parquet::basic::{ConvertedType, LogicalType, Type as Physical};
     use parquet::column::reader::{get_typed_column_reader, ColumnReader};
     use parquet::data_type::ByteArrayType;
@@ -223,7 +237,7 @@ fn parquet_documents(path: &Path, field: &str, docs: &mut Vec<String>) -> Result
                     e.valid_up_to()
                 ))
             })?;
-            if !s.trim().is_empty() {
+            if keep_blank || !s.trim().is_empty() {
                 docs.push(s.to_string());
             }
         }
@@ -250,7 +264,7 @@ fn load_dir(dir: &Path, text_field: &str) -> Result<Data, DataError> {
     let mut docs = Vec::with_capacity(files.len());
     if !files.is_empty() && files.iter().all(|f| is_parquet(f)) {
         for f in &files {
-            parquet_documents(f, text_field, &mut docs)?;
+            parquet_documents(f, text_field, &mut docs, false)?;
         }
         return Data::from_documents(dir, docs);
     }

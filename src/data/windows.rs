@@ -15,6 +15,9 @@ pub enum Method {
     Stride,
     /// lm-eval `loglikelihood_rolling`: per document, disjoint windows, BOS-prefixed start.
     Rolling,
+    /// The GPTQ reference code: non-overlapping windows of `ctx` tokens, every token after
+    /// each window's first scored, the remainder dropped.
+    Disjoint,
 }
 
 impl std::fmt::Display for Method {
@@ -23,6 +26,7 @@ impl std::fmt::Display for Method {
             Method::Chunks => "chunks",
             Method::Stride => "stride",
             Method::Rolling => "rolling",
+            Method::Disjoint => "disjoint",
         })
     }
 }
@@ -86,6 +90,26 @@ pub fn chunks(
                 input,
                 first_scored: first,
                 targets,
+            }
+        })
+        .collect()
+}
+
+/// The GPTQ reference code's windows: `tokens[i·ctx .. (i+1)·ctx]` for every whole window,
+/// fed as they are (no BOS put in), positions `0 ..= ctx-2` predicting the next token.
+pub fn disjoint(tokens: &[u32], ctx: usize, max_windows: Option<usize>) -> Vec<Window> {
+    let n = tokens.len() / ctx;
+    let n = max_windows.map_or(n, |m| m.min(n));
+    (0..n)
+        .map(|i| {
+            let input = tokens[i * ctx..(i + 1) * ctx].to_vec();
+            Window {
+                index: i,
+                group: i,
+                start: i * ctx,
+                targets: input[1..].to_vec(),
+                first_scored: 0,
+                input,
             }
         })
         .collect()

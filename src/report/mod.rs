@@ -275,6 +275,9 @@ pub struct ModelInfo {
     #[serde(default)]
     pub tokenizer_sha256: String,
     pub add_bos: bool,
+    /// The hub repository and commit the model was read from (`--model hf:…`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hub: Option<crate::hub::HubOrigin>,
 }
 
 /// Results written before `whole_text_tokenized` existed tokenized the whole text.
@@ -296,6 +299,10 @@ pub struct DataInfo {
     /// Documents (`rolling` only).
     pub documents: Option<u64>,
     pub words: Option<u64>,
+    /// The dataset the text was made from (`--data NAME`): its name, repository, commit and
+    /// files.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<crate::data::named::DataOrigin>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

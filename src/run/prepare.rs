@@ -35,19 +35,23 @@ pub(crate) fn prepare(
         )))
     };
     match cfg.method {
-        Method::Chunks | Method::Stride => {
+        Method::Chunks | Method::Stride | Method::Disjoint => {
             let prefix = tok.encode_at_least(text, tokens_needed(cfg))?;
             let mut tokens = prefix.ids;
             let whole_text = prefix.whole;
             if let Some(m) = cfg.max_tokens {
                 tokens.truncate(m);
             }
-            let ws = if cfg.method == Method::Chunks {
+            let ws = if cfg.method != Method::Stride {
                 if tokens.len() < cfg.ctx {
                     return Err(too_short(tokens.len(), cfg.ctx));
                 }
-                let bos = if tok.add_bos { tok.bos_id } else { None };
-                windows::chunks(&tokens, cfg.ctx, cfg.chunks, bos)
+                if cfg.method == Method::Disjoint {
+                    windows::disjoint(&tokens, cfg.ctx, cfg.chunks)
+                } else {
+                    let bos = if tok.add_bos { tok.bos_id } else { None };
+                    windows::chunks(&tokens, cfg.ctx, cfg.chunks, bos)
+                }
             } else {
                 if tokens.len() < 2 {
                     return Err(too_short(tokens.len(), 2));

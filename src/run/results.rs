@@ -93,6 +93,7 @@ pub(crate) fn assemble(a: Assembly<'_>) -> Results {
             tokenizer_pre: tok.pre.clone(),
             tokenizer_sha256: tok.fingerprint.clone(),
             add_bos: tok.add_bos,
+            hub: crate::hub::HubOrigin::of_path(&cfg.model),
         },
         data: DataInfo {
             path: setup.data_path.display().to_string(),
@@ -102,6 +103,7 @@ pub(crate) fn assemble(a: Assembly<'_>) -> Results {
             whole_text_tokenized: plan.whole_text,
             documents: documents.map(|d| d.0),
             words: documents.map(|d| d.1),
+            source: crate::data::named::DataOrigin::of_path(&setup.data_path),
         },
         windows: window_records(&plan.windows, &a.results),
         timings: Timings {

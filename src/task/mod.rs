@@ -20,7 +20,7 @@ use crate::tokenize::{TokenizeError, Tokenizer};
 
 #[derive(Debug, thiserror::Error)]
 pub enum TaskError {
-    #[error("--task {task} scores with rolling windows (lm-eval's loglikelihood_rolling), not --method {method}: drop --method (data.method) or set it to rolling")]
+    #[error("--task {task} sets the windows itself (wikitext: rolling, gptq: disjoint), not --method {method}: drop --method (data.method)")]
     Method { task: Task, method: Method },
     #[error("--task {0} without --ctx uses the model's maximum length: give the model with --model (or model.path)")]
     NoModel(Task),
@@ -35,12 +35,18 @@ pub enum Task {
     /// lm-evaluation-harness `wikitext`: WikiText-2's test pages, detokenized, scored with
     /// `loglikelihood_rolling`; word perplexity, byte perplexity and bits per byte.
     Wikitext,
+    /// The GPTQ reference code's perplexity, the one quantization papers print: the
+    /// dataset's rows joined as that code joins them (`--data wikitext-2`, `ptb`, `c4`),
+    /// tokenized once, disjoint windows of `--ctx` (2048 by default), every token after each
+    /// window's first scored, the remainder dropped.
+    Gptq,
 }
 
 impl std::fmt::Display for Task {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             Task::Wikitext => "wikitext",
+            Task::Gptq => "gptq",
         })
     }
 }
@@ -54,6 +60,8 @@ pub enum WindowSource {
     Model,
     /// `--ctx` (or `evaluation.max_seq_len`), like lm-eval's `max_length=` model argument.
     Flag,
+    /// The protocol's own length (2048 for `gptq`, as the papers evaluate).
+    Protocol,
 }
 
 /// The task of a run and where its window length came from (results.json `config.task`).
@@ -74,8 +82,19 @@ pub fn resolve_window(
     ctx: Option<usize>,
     model: Option<&Path>,
 ) -> Result<(Method, usize, Option<TaskSpec>), TaskError> {
-    if method_given && method != Method::Rolling {
+    let task_method = match task {
+        Task::Wikitext => Method::Rolling,
+        Task::Gptq => Method::Disjoint,
+    };
+    if method_given && method != task_method {
         return Err(TaskError::Method { task, method });
+    }
+    if task == Task::Gptq {
+        let (ctx, window) = match ctx {
+            Some(c) => (c, WindowSource::Flag),
+            None => (GPTQ_CTX, WindowSource::Protocol),
+        };
+        return Ok((Method::Disjoint, ctx, Some(TaskSpec { name: task, window })));
     }
     let (ctx, window) = match ctx {
         Some(c) => (c, WindowSource::Flag),
@@ -90,6 +109,9 @@ pub fn resolve_window(
     };
     Ok((Method::Rolling, ctx, Some(TaskSpec { name: task, window })))
 }
+
+/// The window length of the GPTQ reference code's evaluation (its `seqlen`).
+pub const GPTQ_CTX: usize = 2048;
 
 /// One document ready for rolling windows: its token ids and the counts its metrics use.
 #[derive(Debug, Clone, PartialEq)]
@@ -115,7 +137,7 @@ pub fn prepare_documents(
 ) -> Result<Vec<PreparedDocument>, TokenizeError> {
     let limit = limit.unwrap_or(usize::MAX);
     match task {
-        None => data
+        None | Some(Task::Gptq) => data
             .documents()
             .into_iter()
             .take(limit)

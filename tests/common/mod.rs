@@ -8,6 +8,8 @@ use std::sync::{Mutex, OnceLock};
 
 use ppl::report::Results;
 
+pub mod hub_server;
+
 pub fn shared() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared")
 }

@@ -14,7 +14,7 @@ pub const TASK: EvalOption = EvalOption {
     flag: Some("task"),
     key: Some("task"),
     kind: Kind::Choice(names::<Task>),
-    help: "A benchmark task reproduced exactly: wikitext (lm-evaluation-harness; rolling windows of the model's maximum length unless --ctx is given).",
+    help: "A benchmark task reproduced exactly: wikitext (lm-evaluation-harness; rolling windows of the model's maximum length unless --ctx is given), gptq (the GPTQ reference code's perplexity that quantization papers print: --data wikitext-2/ptb/c4 joined as it joins them, disjoint windows of 2048 unless --ctx is given).",
     yaml: Some(|v| v.resolved.eval.task.map(|t| t.name.to_string())),
     ..ROW
 };
@@ -23,7 +23,7 @@ pub const MODEL: EvalOption = EvalOption {
     flag: Some("model"),
     key: Some("model.path"),
     kind: Kind::Path,
-    help: "Model: a GGUF file, or a Hugging Face checkpoint directory (config.json, safetensors, tokenizer.json).",
+    help: "Model: a GGUF file, a Hugging Face checkpoint directory (config.json, safetensors, tokenizer.json), or a hub name: hf:ORG/NAME[@REVISION] (a checkpoint) or hf:ORG/NAME-GGUF:QUANT (or :FILE.gguf), through the Hugging Face cache.",
     yaml: Some(|v| Some(path_scalar(&v.resolved.eval.model))),
     ..ROW
 };
@@ -47,7 +47,7 @@ pub const DATA: EvalOption = EvalOption {
     flag: Some("data"),
     key: Some("data.path"),
     kind: Kind::Path,
-    help: "The text: a UTF-8 file, a .jsonl/.ndjson or .parquet file (one document per record or row), a directory of them, or - for standard input.",
+    help: "The text: a UTF-8 file, a .jsonl/.ndjson or .parquet file (one document per record or row), a directory of them, - for standard input, or a dataset name: wikitext-2[:SPLIT], wikitext-103, ptb, c4 (ppl data list).",
     yaml: Some(|v| Some(path_scalar(&v.resolved.eval.data))),
     ..ROW
 };
