@@ -7,7 +7,7 @@ mod common;
 
 use std::path::Path;
 
-use common::{assert_same_numbers, ppl_cmd};
+use common::{assert_same_numbers, ppl_cmd, write_parquet};
 use ppl::report::Results;
 use predicates::prelude::PredicateBooleanExt;
 use predicates::str::contains;
@@ -90,56 +90,6 @@ fn jsonl_a_directory_and_stdin_equal_the_text_file() {
     // Standard input.
     let piped = run(Path::new("-"), &chunks, Some(docs.join("\n\n").as_bytes()));
     assert_same_numbers(&joined, &piped);
-}
-
-/// A Parquet file as Hugging Face datasets write them: an optional UTF-8 `text` column (here
-/// with a null and an empty row, which are skipped like blank records) beside an `id`, Snappy
-/// pages, `per_group` rows per row group.
-fn write_parquet(path: &Path, docs: &[Option<String>], per_group: usize) {
-    use parquet::basic::Compression;
-    use parquet::data_type::{ByteArray, ByteArrayType, Int64Type};
-    use parquet::file::properties::WriterProperties;
-    use parquet::file::writer::SerializedFileWriter;
-    use std::sync::Arc;
-    let schema = Arc::new(
-        parquet::schema::parser::parse_message_type(
-            "message schema { optional binary text (UTF8); required int64 id; }",
-        )
-        .unwrap(),
-    );
-    let props = Arc::new(
-        WriterProperties::builder()
-            .set_compression(Compression::SNAPPY)
-            .build(),
-    );
-    let file = std::fs::File::create(path).unwrap();
-    let mut w = SerializedFileWriter::new(file, schema, props).unwrap();
-    for group in docs.chunks(per_group) {
-        let mut rg = w.next_row_group().unwrap();
-        let mut column = 0;
-        while let Some(mut col) = rg.next_column().unwrap() {
-            if column == 0 {
-                let values: Vec<ByteArray> = group
-                    .iter()
-                    .flatten()
-                    .map(|d| ByteArray::from(d.as_str()))
-                    .collect();
-                let defs: Vec<i16> = group.iter().map(|d| i16::from(d.is_some())).collect();
-                col.typed::<ByteArrayType>()
-                    .write_batch(&values, Some(&defs), None)
-                    .unwrap();
-            } else {
-                let ids: Vec<i64> = (0..group.len() as i64).collect();
-                col.typed::<Int64Type>()
-                    .write_batch(&ids, None, None)
-                    .unwrap();
-            }
-            col.close().unwrap();
-            column += 1;
-        }
-        rg.close().unwrap();
-    }
-    w.close().unwrap();
 }
 
 #[test]

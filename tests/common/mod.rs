@@ -189,3 +189,88 @@ pub fn eval_resume(run_dir: &Path) -> Results {
     );
     serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap()
 }
+
+/// A Parquet file as Hugging Face datasets write them: an optional UTF-8 `text` column (here
+/// with a null and an empty row, which are skipped like blank records) beside an `id`, Snappy
+/// pages, `per_group` rows per row group.
+pub fn write_parquet(path: &Path, docs: &[Option<String>], per_group: usize) {
+    use parquet::basic::Compression;
+    use parquet::data_type::{ByteArray, ByteArrayType, Int64Type};
+    use parquet::file::properties::WriterProperties;
+    use parquet::file::writer::SerializedFileWriter;
+    use std::sync::Arc;
+    let schema = Arc::new(
+        parquet::schema::parser::parse_message_type(
+            "message schema { optional binary text (UTF8); required int64 id; }",
+        )
+        .unwrap(),
+    );
+    let props = Arc::new(
+        WriterProperties::builder()
+            .set_compression(Compression::SNAPPY)
+            .build(),
+    );
+    let file = std::fs::File::create(path).unwrap();
+    let mut w = SerializedFileWriter::new(file, schema, props).unwrap();
+    for group in docs.chunks(per_group) {
+        let mut rg = w.next_row_group().unwrap();
+        let mut column = 0;
+        while let Some(mut col) = rg.next_column().unwrap() {
+            if column == 0 {
+                let values: Vec<ByteArray> = group
+                    .iter()
+                    .flatten()
+                    .map(|d| ByteArray::from(d.as_str()))
+                    .collect();
+                let defs: Vec<i16> = group.iter().map(|d| i16::from(d.is_some())).collect();
+                col.typed::<ByteArrayType>()
+                    .write_batch(&values, Some(&defs), None)
+                    .unwrap();
+            } else {
+                let ids: Vec<i64> = (0..group.len() as i64).collect();
+                col.typed::<Int64Type>()
+                    .write_batch(&ids, None, None)
+                    .unwrap();
+            }
+            col.close().unwrap();
+            column += 1;
+        }
+        rg.close().unwrap();
+    }
+    w.close().unwrap();
+}
+
+/// The rows of WikiText-2's raw test split as its dataset repository (`Salesforce/wikitext`,
+/// 4,358 rows) stores them, laid out from `wiki.test.raw`: every line a row with its
+/// newline, and empty rows where the original file has blank lines — one before and one
+/// after each heading, one more before each article's title but the first. (The two lines
+/// of the "Constant k filter" article that look like headings are formulas.) The count
+/// matches the dataset's 4,358 rows, and its first rows are `""`, `" = Robert Boulter = \n"`,
+/// `""`.
+pub fn wikitext_rows(raw: &str) -> Vec<String> {
+    const FORMULAS: [&str; 2] = [
+        " = 1 rad / s and a nominal impedance k = ",
+        " = 1 henry and capacitance C = ",
+    ];
+    let mut rows = Vec::new();
+    let mut first_article = true;
+    for line in raw.split_inclusive('\n') {
+        let bare = line.trim_end_matches('\n');
+        let t = bare.trim();
+        let heading = t.starts_with("= ") && t.ends_with(" =") && !FORMULAS.contains(&bare);
+        if heading {
+            if !t.starts_with("= =") {
+                if !first_article {
+                    rows.push(String::new());
+                }
+                first_article = false;
+            }
+            rows.push(String::new());
+            rows.push(line.to_string());
+            rows.push(String::new());
+        } else {
+            rows.push(line.to_string());
+        }
+    }
+    rows
+}
