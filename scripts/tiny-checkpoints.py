@@ -7,15 +7,18 @@ ppl reorders for its rotary layout), Mistral (a sliding window shorter than the 
 Qwen2 (Q/K/V biases), Qwen3 (per-head Q/K RMSNorm, a head size that is not hidden/heads,
 an untied output layer), Gemma 3 (norms stored as w for 1 + w, post-norms, GELU, local and
 global layers with their own RoPE bases and a window shorter than the sequence, a query
-scale other than 1/sqrt(head_dim)). Weights are drawn wide (norm weights and biases too) so that the
+scale other than 1/sqrt(head_dim)), Llama with rotary scaling as configured (Llama 3.x's
+`llama3` frequency-dependent scaling and `linear`, both with an original context shorter than
+the sequence, so the scaled frequencies decide the logits). Weights are drawn wide (norm weights and biases too) so that the
 logits are far from uniform; the reference runs in float64.
 
 Needs torch and transformers (pip install torch transformers); run from the repository root:
-    python3 scripts/tiny-checkpoints.py
+    python3 scripts/tiny-checkpoints.py [NAME ...]     (default: every model)
 """
 
 import json
 import pathlib
+import sys
 
 import torch
 import transformers
@@ -50,11 +53,23 @@ MODELS = {
                     layer_types=["sliding_attention", "full_attention", "sliding_attention"],
                     query_pre_attn_scalar=24, rope_local_base_freq=100.0,
                     hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True)),
+    # Llama 3.x: low frequencies divided by `factor`, high ones kept, a smooth blend between;
+    # the original context (8) is a third of the sequence.
+    "llama-rope-llama3": (transformers.LlamaConfig, transformers.LlamaForCausalLM,
+                          dict(tie_word_embeddings=True, rope_parameters=dict(
+                              rope_type="llama3", rope_theta=10000.0, factor=4.0,
+                              low_freq_factor=1.0, high_freq_factor=4.0,
+                              original_max_position_embeddings=8))),
+    "llama-rope-linear": (transformers.LlamaConfig, transformers.LlamaForCausalLM,
+                          dict(tie_word_embeddings=False, rope_parameters=dict(
+                              rope_type="linear", rope_theta=500.0, factor=2.5))),
 }
 
 
 def main():
-    for name, (config_cls, model_cls, extra) in MODELS.items():
+    names = sys.argv[1:] or list(MODELS)
+    for name in names:
+        config_cls, model_cls, extra = MODELS[name]
         torch.manual_seed(sum(map(ord, name)))
         config = config_cls(**{**COMMON, **extra})
         config._attn_implementation = "eager"

@@ -386,3 +386,11 @@ fn a_missing_block_tensor_is_named_with_its_checkpoint() {
         }
     }
 }
+
+/// Llama 3.x's `llama3` rotary scaling (frequency-dependent divisors, an original context of
+/// 8 in a 24-token sequence) and `linear` scaling, as config.json states them.
+#[test]
+fn llama3_and_linear_rope_scaling_match_transformers() {
+    check("llama-rope-llama3");
+    check("llama-rope-linear");
+}

@@ -13,6 +13,8 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use common::hub_server::{HubServer, Repo};
+
 /// What to do with one README command line.
 #[derive(Clone, Copy)]
 enum Action {
@@ -35,13 +37,23 @@ use Action::*;
 const EXAMPLES: &[(&str, Action)] = &[
     // Set up.
     (
-        r#"cargo build --release && ./target/release/ppl eval --model "$(./target/release/ppl fetch-model)" --data ../shared/data/wikitext-2-raw/wiki.test.raw --ctx 512 --chunks 40"#,
+        r#"cargo build --release && ./target/release/ppl eval --model "$(./target/release/ppl fetch-model)" --data wikitext-2 --ctx 512 --chunks 40"#,
         Instead(
-            r#"ppl eval --model "$(ppl fetch-model)" --data ../shared/data/wikitext-2-raw/wiki.test.raw --ctx 512 --chunks 40"#,
+            r#"ppl eval --model "$(ppl fetch-model)" --data wikitext-2 --ctx 512 --chunks 40"#,
             &["Final estimate: PPL = "],
         ),
     ),
     ("cargo test --release --features mpi", Skip("this test runs inside it")),
+    // Models and data by name (the world's stand-in hub serves them).
+    (
+        "ppl eval --model hf:unsloth/Qwen3-0.6B-GGUF:Q4_K_M --data wikitext-2",
+        Run,
+    ),
+    (
+        "ppl eval --model hf:Qwen/Qwen2.5-0.5B --data wikitext-2 --task gptq",
+        Run,
+    ),
+    ("ppl data list", Expect(0, &["wikitext-2", "allenai/c4"])),
     // Commands.
     ("ppl eval --model M.gguf --data text.txt", Run),
     (
@@ -349,6 +361,55 @@ struct World {
     root: PathBuf,
     work: PathBuf,
     path: String,
+    /// The stand-in hub the examples' names are fetched from (`HF_ENDPOINT`).
+    hub: HubServer,
+}
+
+/// A stand-in for the Hugging Face Hub with what the README names: WikiText-2's test split
+/// (the slice's rows, as the dataset stores them), a GGUF repository and a checkpoint
+/// repository (both the test model: a GGUF file and its bf16 safetensors export).
+fn stand_in_hub(text: &str, model: &Path, scratch: &Path) -> HubServer {
+    let parquet = scratch.join("test.parquet");
+    let rows: Vec<Option<String>> = common::wikitext_rows(text).into_iter().map(Some).collect();
+    common::write_parquet(&parquet, &rows, 1000);
+    let ckpt = scratch.join("ckpt");
+    let ok = Command::new(env!("CARGO_BIN_EXE_ppl"))
+        .arg("export")
+        .arg(model)
+        .args(["--dtype", "bf16", "--format", "safetensors", "-o"])
+        .arg(&ckpt)
+        .status()
+        .unwrap();
+    assert!(ok.success(), "exporting the stand-in checkpoint");
+    let files: Vec<(String, Vec<u8>)> = std::fs::read_dir(&ckpt)
+        .unwrap()
+        .flatten()
+        .map(|e| {
+            (
+                e.file_name().to_string_lossy().into_owned(),
+                std::fs::read(e.path()).unwrap(),
+            )
+        })
+        .collect();
+    HubServer::start(vec![
+        Repo::new(
+            "datasets",
+            "Salesforce/wikitext",
+            vec![(
+                "wikitext-2-raw-v1/test-00000-of-00001.parquet".into(),
+                std::fs::read(&parquet).unwrap(),
+            )],
+        ),
+        Repo::new(
+            "models",
+            "unsloth/Qwen3-0.6B-GGUF",
+            vec![(
+                "Qwen3-0.6B-Q4_K_M.gguf".into(),
+                std::fs::read(model).unwrap(),
+            )],
+        ),
+        Repo::new("models", "Qwen/Qwen2.5-0.5B", files),
+    ])
 }
 
 /// `ppl` as the examples call it: the real binary, evaluations shrunk to two 64-token windows
@@ -413,7 +474,13 @@ fn world() -> World {
         bin.display(),
         std::env::var("PATH").unwrap_or_default()
     );
-    let w = World { root, work, path };
+    let hub = stand_in_hub(text, &model, &root);
+    let w = World {
+        root,
+        work,
+        path,
+        hub,
+    };
     // The results files the report examples read.
     for (out, extra) in [
         ("base.json", ""),
@@ -454,6 +521,11 @@ impl World {
             .env("PATH", &self.path)
             .env("PPL_REAL_BIN", env!("CARGO_BIN_EXE_ppl"))
             .env("PPL_STATE_DIR", self.root.join("state"))
+            .env("HF_ENDPOINT", &self.hub.endpoint)
+            .env("HF_HUB_CACHE", self.root.join("hub"))
+            .env("HF_HOME", self.root.join("hf-home"))
+            .env_remove("HF_TOKEN")
+            .env_remove("HF_HUB_OFFLINE")
             .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
             .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
             .env("OMPI_MCA_rmaps_base_oversubscribe", "1")

@@ -512,7 +512,9 @@ mod tests {
         );
         let e = parse("data: {method: sliding}", &[]).unwrap_err();
         assert!(
-            e.contains("'data.method' must be one of chunks, stride, rolling, got 'sliding'"),
+            e.contains(
+                "'data.method' must be one of chunks, stride, rolling, disjoint, got 'sliding'"
+            ),
             "{e}"
         );
         let e = parse("output: {report: maybe}", &[]).unwrap_err();

@@ -11,8 +11,8 @@
 //!
 //! Splits: `wikitext-*` and `ptb` have `test` (the default), `validation` and `train`; `c4`
 //! has `validation`. The derived text is written once into ppl's cache, named by the
-//! dataset, split, join and commit, with a `.source.json` beside it that results.json
-//! reports as `data.source`.
+//! dataset, split, join and the content hash of its first file, with a `.source.json` beside
+//! it that results.json reports as `data.source`.
 
 use std::path::{Path, PathBuf};
 
@@ -276,11 +276,17 @@ fn materialize(
         .ok()
         .and_then(|v| v.as_str().map(str::to_string))
         .unwrap_or_default();
+    // Named by the content (the blob the snapshot links to: its hash), so a text is never
+    // reused for other bytes.
+    let content = std::fs::canonicalize(&first.path)
+        .ok()
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| first.commit.clone());
     let dir = crate::model::fetch::cache_dir().join("data");
     let out = dir.join(format!(
         "{}-{split}-{join_name}-{}.{ext}",
         d.name,
-        &first.commit[..12.min(first.commit.len())]
+        &content[..16.min(content.len())]
     ));
     let origin = DataOrigin {
         name: format!("{}:{split}", d.name),

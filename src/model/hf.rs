@@ -22,6 +22,7 @@ use serde_json::Value as Json;
 
 use super::arch::{Arch, SUPPORTED_MODEL_TYPES};
 use super::gguf::{GgufError, GgufFile, RopePermute, TensorInfo, Value};
+use super::rope_scaling::{RopeScaling, FREQ_FACTORS_KEY};
 use super::tokenizer_meta::HfTokenizerFiles;
 
 type Result<T> = std::result::Result<T, GgufError>;
@@ -423,21 +424,24 @@ fn config_metadata(path: &Path, c: &Json, dir: &Path) -> Result<BTreeMap<String,
                 .and_then(Json::as_f64)
         })
         .unwrap_or(10_000.0);
-    let scalings = [
+    // Rotary scaling of the global layers (the sliding layers of Gemma 3 are unscaled).
+    let mut rope_scaling = None;
+    for s in [
         c.get("rope_scaling").filter(|v| !v.is_null()),
         global_params,
-        local_params,
-    ];
-    for s in scalings.into_iter().flatten() {
-        let kind = s
-            .get("rope_type")
-            .or_else(|| s.get("type"))
-            .and_then(Json::as_str)
-            .unwrap_or("default");
-        if kind != "default" {
+    ]
+    .into_iter()
+    .flatten()
+    {
+        if let Some(found) = RopeScaling::from_config(s).map_err(|e| invalid(path, e))? {
+            rope_scaling = Some(found);
+        }
+    }
+    if let Some(s) = local_params {
+        if let Some(found) = RopeScaling::from_config(s).map_err(|e| invalid(path, e))? {
             return Err(invalid(
                 path,
-                format!("rope scaling '{kind}' is not supported (ppl implements unscaled rotary embeddings); convert the model to GGUF with llama.cpp, which stores the scaling as rope_freqs"),
+                format!("rope scaling {found:?} on the sliding-window layers is not supported"),
             ));
         }
     }
@@ -500,6 +504,13 @@ fn config_metadata(path: &Path, c: &Json, dir: &Path) -> Result<BTreeMap<String,
         Value::F32(float("rms_norm_eps").ok_or_else(|| missing("rms_norm_eps"))? as f32),
     );
     put("rope.freq_base", Value::F32(rope_theta as f32));
+    if let Some(scaling) = &rope_scaling {
+        let factors = scaling.freq_factors(rope_theta, head_dim as usize);
+        put(
+            FREQ_FACTORS_KEY,
+            Value::Array(factors.into_iter().map(Value::F32).collect()),
+        );
+    }
     if let Some(w) = sliding_window {
         put("attention.sliding_window", u32v(w));
     }

@@ -28,6 +28,7 @@ pub mod mapped;
 pub mod memory;
 pub mod quantize;
 pub mod ring_attention;
+pub mod rope_scaling;
 pub mod shard;
 pub mod synth;
 pub mod tokenizer_meta;

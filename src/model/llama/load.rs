@@ -266,7 +266,22 @@ impl Llama {
                     .dequantize(&Device::Cpu)?
                     .to_vec1::<f32>()?,
             ),
-            None => None,
+            // A checkpoint's configured scaling, as the reader recorded it.
+            None => match g.get(&format!(
+                "{}.{}",
+                config.arch.gguf_name(),
+                crate::model::rope_scaling::FREQ_FACTORS_KEY
+            )) {
+                Some(crate::model::gguf::Value::Array(v)) => Some(
+                    v.iter()
+                        .map(|x| match x {
+                            crate::model::gguf::Value::F32(f) => *f,
+                            _ => 1.0,
+                        })
+                        .collect(),
+                ),
+                _ => None,
+            },
         };
         let norm = if part.head {
             Some(RmsNorm::load(g, "output_norm.weight", &config, device)?)
