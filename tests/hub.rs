@@ -116,6 +116,35 @@ fn a_gguf_by_quantization_gives_the_local_files_bits_and_is_downloaded_once() {
         &[("HF_HUB_OFFLINE", "1")],
     );
     assert_same_numbers(&local, &offline);
+    // A configuration file names the model and the dataset the same way (not paths
+    // relative to the file).
+    let cfg_dir = tempfile::tempdir().unwrap();
+    let cfg = cfg_dir.path().join("c.yaml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "model: {{path: \"{name}\"}}\ndata: {{path: \"{}\", method: chunks, chunks: 3}}\nevaluation: {{max_seq_len: 64}}\n",
+            wikitext().display()
+        ),
+    )
+    .unwrap();
+    let out = cfg_dir.path().join("r.json");
+    hub_cmd(cache.path(), &server.endpoint)
+        .args(["eval", "--config"])
+        .arg(&cfg)
+        .args([
+            "--threads",
+            "2",
+            "--progress",
+            "none",
+            "--quiet",
+            "--output",
+        ])
+        .arg(&out)
+        .assert()
+        .success();
+    let from_yaml: Results = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+    assert_same_numbers(&local, &from_yaml);
     // ppl models lists what the hub cache holds.
     hub_cmd(cache.path(), &server.endpoint)
         .arg("models")

@@ -175,7 +175,12 @@ pub fn write(
             src.path().display()
         )));
     }
-    if src.tensors.contains_key("rope_freqs.weight") {
+    let scaled_key = format!(
+        "{}.{}",
+        config.arch.gguf_name(),
+        crate::model::rope_scaling::FREQ_FACTORS_KEY
+    );
+    if src.tensors.contains_key("rope_freqs.weight") || src.get(&scaled_key).is_some() {
         return Err(WriteError::Unsupported(format!(
             "{}: the model scales its rotary frequencies (rope_freqs), which ppl cannot express in config.json",
             src.path().display()
