@@ -13,7 +13,8 @@ use std::path::Path;
 
 use common::hub_server::{HubServer, Repo};
 use common::{
-    assert_same_numbers, eval_model, model, ppl_cmd, wikitext, wikitext_rows, write_parquet,
+    assert_same_numbers, eval_model, eval_with, fails, model, ppl_cmd, wikitext, wikitext_rows,
+    write_parquet,
 };
 use ppl::report::Results;
 
@@ -70,30 +71,13 @@ impl Env {
     }
 
     fn eval(&self, model: &Path, args: &[&str]) -> Results {
-        let dir = tempfile::tempdir().unwrap();
-        let out = dir.path().join("r.json");
-        let o = self
-            .cmd()
-            .arg("eval")
-            .arg("--model")
-            .arg(model)
-            .args(args)
-            .args(["--progress", "none", "--quiet", "--output"])
-            .arg(&out)
-            .output()
-            .unwrap();
-        assert!(
-            o.status.success(),
-            "ppl eval {args:?} failed:\n{}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap()
+        let mut c = self.cmd();
+        c.arg("eval").arg("--model").arg(model).args(args);
+        eval_with(c)
     }
 
     fn fails(&self, args: &[&str]) -> String {
-        let o = self.cmd().args(args).output().unwrap();
-        assert!(!o.status.success(), "{args:?} succeeded");
-        String::from_utf8_lossy(&o.stderr).into_owned()
+        fails(&mut self.cmd(), args)
     }
 }
 

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use common::hub_server::{HubServer, Repo};
-use common::{assert_same_numbers, eval_model, model, ppl_cmd, wikitext};
+use common::{assert_same_numbers, eval_model, eval_with, fails, model, ppl_cmd, wikitext};
 use ppl::report::Results;
 
 const EVAL: &[&str] = &["--ctx", "64", "--chunks", "3", "--threads", "2"];
@@ -49,32 +49,14 @@ fn hub_cmd(cache: &Path, endpoint: &str) -> assert_cmd::Command {
 }
 
 fn eval_named(cache: &Path, endpoint: &str, name: &str, extra: &[(&str, &str)]) -> Results {
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("r.json");
     let mut c = hub_cmd(cache, endpoint);
     for (k, v) in extra {
         c.env(k, v);
     }
-    let o = c
-        .args(["eval", "--model", name, "--data"])
+    c.args(["eval", "--model", name, "--data"])
         .arg(wikitext())
-        .args(EVAL)
-        .args(["--progress", "none", "--quiet", "--output"])
-        .arg(&out)
-        .output()
-        .unwrap();
-    assert!(
-        o.status.success(),
-        "ppl eval --model {name} failed:\n{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap()
-}
-
-fn fails(c: &mut assert_cmd::Command, args: &[&str]) -> String {
-    let o = c.args(args).output().unwrap();
-    assert!(!o.status.success(), "{args:?} succeeded");
-    String::from_utf8_lossy(&o.stderr).into_owned()
+        .args(EVAL);
+    eval_with(c)
 }
 
 #[test]

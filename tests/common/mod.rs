@@ -274,3 +274,28 @@ pub fn wikitext_rows(raw: &str) -> Vec<String> {
     }
     rows
 }
+
+/// Runs `cmd` (a `ppl eval …` without `--output`) writing results.json to a scratch file;
+/// fails the test with ppl's stderr unless it succeeds; the parsed results.
+pub fn eval_with(mut cmd: assert_cmd::Command) -> Results {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("r.json");
+    let o = cmd
+        .args(["--progress", "none", "--quiet", "--output"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "ppl eval failed:\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap()
+}
+
+/// Runs `cmd` (ppl with `args`), which must fail; its stderr.
+pub fn fails(cmd: &mut assert_cmd::Command, args: &[&str]) -> String {
+    let o = cmd.args(args).output().unwrap();
+    assert!(!o.status.success(), "ppl {args:?} succeeded");
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
