@@ -132,6 +132,21 @@ fn unknown_names_splits_and_uncached_data_say_what_exists() {
         e.contains("not a dataset name") && e.contains("wikitext-2") && e.contains("c4"),
         "{e}"
     );
+    let e = env.fails(&[
+        "eval",
+        "--model",
+        m,
+        "--data",
+        "wikitext-2",
+        "--task",
+        "gptq",
+        "--method",
+        "chunks",
+    ]);
+    assert!(
+        e.contains("--task gptq scores with disjoint windows"),
+        "{e}"
+    );
     let e = env.fails(&["eval", "--model", m, "--data", "wikitext-2:dev"]);
     assert!(
         e.contains("no split 'dev'") && e.contains("test, validation, train"),

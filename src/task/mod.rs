@@ -20,8 +20,13 @@ use crate::tokenize::{TokenizeError, Tokenizer};
 
 #[derive(Debug, thiserror::Error)]
 pub enum TaskError {
-    #[error("--task {task} sets the windows itself (wikitext: rolling, gptq: disjoint), not --method {method}: drop --method (data.method)")]
-    Method { task: Task, method: Method },
+    #[error("--task {task} scores with {want} windows ({why}), not --method {method}: drop --method (data.method) or set it to {want}")]
+    Method {
+        task: Task,
+        method: Method,
+        want: Method,
+        why: &'static str,
+    },
     #[error("--task {0} without --ctx uses the model's maximum length: give the model with --model (or model.path)")]
     NoModel(Task),
     #[error(transparent)]
@@ -82,12 +87,17 @@ pub fn resolve_window(
     ctx: Option<usize>,
     model: Option<&Path>,
 ) -> Result<(Method, usize, Option<TaskSpec>), TaskError> {
-    let task_method = match task {
-        Task::Wikitext => Method::Rolling,
-        Task::Gptq => Method::Disjoint,
+    let (want, why) = match task {
+        Task::Wikitext => (Method::Rolling, "lm-eval's loglikelihood_rolling"),
+        Task::Gptq => (Method::Disjoint, "the GPTQ reference code's"),
     };
-    if method_given && method != task_method {
-        return Err(TaskError::Method { task, method });
+    if method_given && method != want {
+        return Err(TaskError::Method {
+            task,
+            method,
+            want,
+            why,
+        });
     }
     if task == Task::Gptq {
         let (ctx, window) = match ctx {
