@@ -14,8 +14,13 @@ pub fn of_bytes(bytes: &[u8]) -> String {
 /// Hex SHA-256 of a file's contents, read in 1 MiB blocks (not mapped: hashing adds nothing
 /// to RSS).
 pub fn of_file(path: &Path) -> std::io::Result<String> {
+    digest_of_file(Sha256::new(), path)
+}
+
+/// Hex digest of a file's contents by any hash of the `digest` family, after what `h` has
+/// already been fed (the hub's git blob ids hash a header first), read in 1 MiB blocks.
+pub fn digest_of_file<D: Digest>(mut h: D, path: &Path) -> std::io::Result<String> {
     let mut f = std::fs::File::open(path)?;
-    let mut h = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
     loop {
         let n = f.read(&mut buf)?;

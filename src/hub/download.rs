@@ -341,16 +341,7 @@ fn git_blob_sha1(path: &Path) -> std::io::Result<String> {
     let len = std::fs::metadata(path)?.len();
     let mut h = sha1::Sha1::new();
     h.update(format!("blob {len}\0").as_bytes());
-    let mut f = std::fs::File::open(path)?;
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = f.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-    }
-    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+    crate::sha256::digest_of_file(h, path)
 }
 
 #[cfg(test)]
