@@ -261,7 +261,7 @@ pub fn run_models(args: ModelsArgs) -> anyhow::Result<std::process::ExitCode> {
     for (repo, commit, files) in snapshots {
         let gguf: Vec<&String> = files.iter().filter(|f| f.ends_with(".gguf")).collect();
         let checkpoint = files.iter().any(|f| f == "config.json");
-        let short = &commit[..commit.len().min(12)];
+        let short: String = commit.chars().take(12).collect();
         if checkpoint {
             println!(
                 "  hf:{repo:<50} checkpoint ({} files) @{short}",

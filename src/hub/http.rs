@@ -15,6 +15,7 @@
 
 use std::time::Duration;
 
+use super::name::{is_commit_hash, is_safe_repo_path};
 use super::settings::{CONNECT_TIMEOUT_S, READ_TIMEOUT_S};
 use super::{HubError, HubName, HubSettings, RepoKind};
 
@@ -211,11 +212,17 @@ impl<'a> HubClient<'a> {
             .as_str()
             .ok_or_else(|| bad("no 'sha' in the repository's information".into()))?
             .to_string();
+        if !is_commit_hash(&commit) {
+            return Err(bad(format!("'sha' {commit} is not a commit hash")));
+        }
+        // Only names that stay inside the snapshot directory are listed.
         let files = v["siblings"]
             .as_array()
             .map(|s| {
                 s.iter()
-                    .filter_map(|f| f["rfilename"].as_str().map(str::to_string))
+                    .filter_map(|f| f["rfilename"].as_str())
+                    .filter(|f| is_safe_repo_path(f))
+                    .map(str::to_string)
                     .collect()
             })
             .unwrap_or_default();
@@ -266,6 +273,16 @@ impl<'a> HubClient<'a> {
                 .or_else(|| header("Content-Length"))
                 .and_then(|s| s.trim().parse().ok())
                 .ok_or_else(|| bad("no size (X-Linked-Size, Content-Length)"))?;
+            if !is_commit_hash(&commit) {
+                return Err(bad("X-Repo-Commit is not a commit hash"));
+            }
+            if etag.is_empty()
+                || !etag
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+            {
+                return Err(bad("the ETag is not a content hash"));
+            }
             let url = match location {
                 Some(l) if l.starts_with('/') => format!("{}{l}", self.settings.endpoint),
                 Some(l) => l,

@@ -80,6 +80,9 @@ impl HubName {
         };
         let (repo, revision) = match head.split_once('@') {
             Some((_, "")) => return Err(bad("nothing after '@'")),
+            Some((_, r)) if !is_safe_repo_path(r) => {
+                return Err(bad("a revision is a branch, a tag or a commit hash"))
+            }
             Some((repo, r)) => (repo, r.to_string()),
             None => (head, "main".to_string()),
         };
@@ -111,6 +114,18 @@ impl HubName {
             selector: None,
         }
     }
+}
+
+/// Is `path` a repository path that stays inside a snapshot directory (relative, no `..`
+/// or empty components)? What the hub names becomes a path in the cache, so anything else
+/// is refused.
+pub fn is_safe_repo_path(path: &str) -> bool {
+    !path.is_empty()
+        && !path.starts_with('/')
+        && !path.contains('\\')
+        && path
+            .split('/')
+            .all(|c| !c.is_empty() && c != "." && c != "..")
 }
 
 /// Is `s` a full commit hash (a revision the cache can answer without `refs/`)?
@@ -150,6 +165,22 @@ mod tests {
         ] {
             let e = HubName::parse(bad).unwrap_err().to_string();
             assert!(e.contains("hf:ORG/NAME"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn repository_paths_stay_inside_the_snapshot() {
+        assert!(is_safe_repo_path("Q4_K_M/model-Q4_K_M.gguf"));
+        for bad in [
+            "",
+            "/etc/passwd",
+            "../x",
+            "a/../../x",
+            "a//b",
+            "./a",
+            "a\\b",
+        ] {
+            assert!(!is_safe_repo_path(bad), "{bad}");
         }
     }
 

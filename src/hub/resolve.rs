@@ -110,7 +110,7 @@ fn is_gguf(f: &str) -> bool {
 
 /// `x-00002-of-00003.gguf` → (`x`, 2, 3).
 fn split_part(f: &str) -> Option<(&str, u32, u32)> {
-    let stem = &f[..f.len().checked_sub(5)?];
+    let stem = f.get(..f.len().checked_sub(5)?)?;
     let (rest, total) = stem.rsplit_once("-of-")?;
     let (base, part) = rest.rsplit_once('-')?;
     let ok = |s: &str| s.len() == 5 && s.bytes().all(|b| b.is_ascii_digit());
@@ -147,6 +147,7 @@ fn choose_gguf(
     commit: &str,
 ) -> Result<Vec<String>, HubError> {
     let matches: Vec<&String> = match sel {
+        Selector::File(want) if !super::name::is_safe_repo_path(want) => Vec::new(),
         Selector::File(want) => files
             .iter()
             .filter(|f| *f == want || f.eq_ignore_ascii_case(want))
